@@ -1,0 +1,19 @@
+//! Tollgate: a rate limit service for Envoy.
+//!
+//! # Layout
+//!
+//! Modules follow the path of a request:
+//!
+//! - [`rls`]: Envoy's `RateLimitService` over gRPC: proto to domain and back.
+//! - [`limiter`]: matches a request's descriptors to rules and has the store
+//!   decide them together, all or nothing.
+//! - [`rules`]: YAML rule files, validated and compiled; descriptor matching.
+//! - [`store`]: where counters live (the embedded memory store).
+//! - [`algorithm`]: fixed window, sliding window, token bucket; pure, with
+//!   time passed in.
+//! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
+//! - [`settings`] and [`server`]: the command line and the process around it.
+
+pub mod algorithm;
+pub mod clock;
+pub mod rules;

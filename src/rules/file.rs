@@ -1,0 +1,120 @@
+//! The rule file as written: the envoyproxy/ratelimit YAML format plus
+//! Tollgate's optional fields inside `rate_limit`. Unknown keys are refused
+//! (`deny_unknown_fields`), and every node that a later check may complain
+//! about keeps its line and column (`Spanned`).
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_saphyr::Spanned;
+
+/// One YAML file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFile {
+    pub(crate) domain: Option<Spanned<Text>>,
+    pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+}
+
+/// One entry of a `descriptors` list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptor {
+    pub(crate) key: Option<Text>,
+    pub(crate) value: Option<Text>,
+    pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+    pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+    pub(crate) shadow_mode: Option<bool>,
+    pub(crate) detailed_metric: Option<bool>,
+    pub(crate) value_to_metric: Option<bool>,
+    pub(crate) share_threshold: Option<bool>,
+    pub(crate) quota_mode: Option<bool>,
+    // Free-form in the reference; accepted and not interpreted.
+    #[allow(dead_code)]
+    pub(crate) metadata: Option<IgnoredAny>,
+}
+
+/// A `rate_limit` block.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub(crate) requests_per_unit: Option<Spanned<u32>>,
+    pub(crate) unit: Option<Spanned<Text>>,
+    pub(crate) unlimited: Option<bool>,
+    pub(crate) name: Option<Text>,
+    pub(crate) replaces: Option<Vec<Spanned<RawReplaces>>>,
+    // Tollgate's additions.
+    pub(crate) algorithm: Option<Spanned<Text>>,
+    pub(crate) burst: Option<Spanned<u32>>,
+    pub(crate) failure_mode: Option<Spanned<Text>>,
+}
+
+/// An entry of `replaces`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReplaces {
+    pub(crate) name: Option<Text>,
+}
+
+/// A scalar read as text: `value: 42` is the string "42", as the reference
+/// (Go's YAML into a string field) reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Text(pub(crate) String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text, E> {
+                Ok(Text(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Text, E> {
+                Ok(Text(v.to_string()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Parses one file's text. The error carries the parser's line and column
+/// when it knows them.
+pub(crate) fn parse(text: &str) -> Result<RawFile, (Option<(u32, u32)>, String)> {
+    let mut options = serde_saphyr::Options::default();
+    // Our own message names the file, line and column; the parser's snippet
+    // would repeat them across several lines.
+    options.with_snippet = false;
+    serde_saphyr::from_str_with_options::<Option<RawFile>>(text, options)
+        .map(|file| {
+            file.unwrap_or(RawFile {
+                domain: None,
+                descriptors: None,
+            })
+        })
+        .map_err(|e| {
+            let at = e
+                .location()
+                .filter(|l| l.line() > 0)
+                .map(|l| (l.line() as u32, l.column() as u32));
+            let mut message = e.to_string();
+            // The location goes in front, as file:line:column; drop the copy.
+            if let Some(i) = message.rfind(" at line ") {
+                message.truncate(i);
+            }
+            (at, message)
+        })
+}

@@ -1,0 +1,102 @@
+//! Reading rule files from disk: one file, or every `.yaml`/`.yml` file under a
+//! directory. Hidden entries are skipped, so a Kubernetes ConfigMap mount
+//! (with its `..data` and `..2024_…` directories) is read once, through the
+//! visible symlinks.
+
+use std::path::{Path, PathBuf};
+
+use super::compile::Compiler;
+use super::{RuleError, RuleErrors, RuleSet};
+use crate::algorithm::Algorithm;
+
+/// How a rule set is built.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// Merge files that declare the same domain (the reference's
+    /// `MERGE_DOMAIN_CONFIG`) instead of refusing them.
+    pub merge_domains: bool,
+    /// The algorithm for limits that do not name one.
+    pub default_algorithm: Algorithm,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            merge_domains: false,
+            default_algorithm: Algorithm::SlidingWindow,
+        }
+    }
+}
+
+/// Loads every rule file under `paths` (files or directories) as one set.
+pub fn load_paths(paths: &[PathBuf], options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        collect(path, &mut files, &mut errors);
+    }
+    let mut sources = Vec::with_capacity(files.len());
+    for file in files {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => sources.push((file, text)),
+            Err(e) => errors.push(RuleError::new(&file, None, format!("cannot read: {e}"))),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(RuleErrors(errors));
+    }
+    load_sources(&sources, options)
+}
+
+/// Builds a rule set from `(file name, text)` pairs, in order.
+pub fn load_sources(
+    sources: &[(PathBuf, String)],
+    options: &LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
+    let mut compiler = Compiler::new(*options);
+    for (file, text) in sources {
+        compiler.add_file(file, text);
+    }
+    compiler.finish()
+}
+
+fn collect(path: &Path, files: &mut Vec<PathBuf>, errors: &mut Vec<RuleError>) {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) => {
+            errors.push(RuleError::new(path, None, format!("cannot read: {e}")));
+            return;
+        }
+    };
+    if meta.is_file() {
+        files.push(path.to_path_buf());
+        return;
+    }
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errors.push(RuleError::new(path, None, format!("cannot list: {e}")));
+            return;
+        }
+    };
+    let mut children: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| !n.starts_with('.'))
+        })
+        .collect();
+    // Sorted, so the same directory always loads in the same order.
+    children.sort();
+    for child in children {
+        if child.is_dir() {
+            collect(&child, files, errors);
+        } else if matches!(
+            child.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            files.push(child);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Rules: YAML in the envoyproxy/ratelimit format, validated once and compiled
+//! into a [`RuleSet`] that matches request descriptors the way the reference
+//! does. Nothing here knows about gRPC or the store.
+
+mod compile;
+mod error;
+mod file;
+mod glob;
+mod load;
+mod matcher;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+pub use error::{RuleError, RuleErrors};
+pub use load::{LoadOptions, load_paths, load_sources};
+pub use matcher::Matched;
+
+/// The time unit of a limit, as in Envoy's `RateLimitResponse.RateLimit.Unit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3,600 seconds.
+    Hour,
+    /// 86,400 seconds.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days, as the reference counts a month.
+    Month,
+    /// 365 days, as the reference counts a year.
+    Year,
+}
+
+impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The unit's length in nanoseconds.
+    pub fn nanos(self) -> Nanos {
+        self.seconds() * NANOS_PER_SEC
+    }
+
+    /// The name as written in rule files (lower case) and, upper-cased, in protos.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Parses a unit name case-insensitively, as the reference does.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// What to answer for a limit when its store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Fail open: admit the request.
+    Allow,
+    /// Fail closed: refuse the request.
+    Deny,
+}
+
+impl FailureMode {
+    /// Parses `allow` or `deny`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "allow" => Some(FailureMode::Allow),
+            "deny" => Some(FailureMode::Deny),
+            _ => None,
+        }
+    }
+}
+
+/// A counted limit: `requests_per_unit` per `unit`, decided by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// Hits allowed per unit.
+    pub requests_per_unit: u32,
+    /// The window (or refill period).
+    pub unit: Unit,
+    /// The algorithm that decides it.
+    pub algorithm: Algorithm,
+    /// Token bucket capacity (defaults to `requests_per_unit`).
+    pub burst: u32,
+    /// What to do when the store fails; `None` uses the server default.
+    pub failure_mode: Option<FailureMode>,
+}
+
+impl Limit {
+    /// The algorithm's view of this limit.
+    pub fn quota(&self) -> crate::algorithm::Quota {
+        crate::algorithm::Quota {
+            limit: self.requests_per_unit,
+            period: self.unit.nanos(),
+            burst: self.burst.max(1),
+        }
+    }
+}
+
+/// One compiled rule: a descriptor path in a domain with its limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The domain the rule belongs to.
+    pub domain: Arc<str>,
+    /// The reference's composite key, e.g. `domain.key1_value1.subkey1`.
+    pub path: String,
+    /// The key of the last descriptor level (for metrics).
+    pub key: String,
+    /// `rate_limit.name`, if set (used by `replaces`).
+    pub name: Option<String>,
+    /// The limit, or `None` for `unlimited: true` (never counted).
+    pub limit: Option<Limit>,
+    /// Over-limit decisions are reported as OK.
+    pub shadow_mode: bool,
+    /// Names of the limits this one replaces when both match a request.
+    pub replaces: Vec<String>,
+    /// The reference's `detailed_metric`: metrics carry descriptor values.
+    pub detailed_metric: bool,
+    /// The reference's `value_to_metric`.
+    pub value_to_metric: bool,
+    /// The reference's `quota_mode`.
+    pub quota_mode: bool,
+    /// Where the rule was written.
+    pub source: Source,
+}
+
+/// A place in a rule file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The file.
+    pub file: Arc<PathBuf>,
+    /// 1-based line of the descriptor.
+    pub line: u32,
+}
+
+/// A validated, compiled set of rules for every domain.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    domains: hashbrown::HashMap<Box<str>, matcher::Level>,
+    rules: Vec<Arc<Rule>>,
+}
+
+impl RuleSet {
+    /// Whether `domain` has rules.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// Every rule, in file order.
+    pub fn rules(&self) -> &[Arc<Rule>] {
+        &self.rules
+    }
+
+    /// The number of domains.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.path)?;
+        match &self.limit {
+            None => f.write_str("unlimited")?,
+            Some(l) => {
+                write!(
+                    f,
+                    "{} per {} ({}",
+                    l.requests_per_unit,
+                    l.unit.name(),
+                    l.algorithm
+                )?;
+                if l.algorithm == Algorithm::TokenBucket {
+                    write!(f, ", burst {}", l.burst)?;
+                }
+                if let Some(mode) = l.failure_mode {
+                    write!(f, ", on store failure {mode:?}")?;
+                }
+                f.write_str(")")?;
+            }
+        }
+        if let Some(name) = &self.name {
+            write!(f, ", name {name}")?;
+        }
+        if !self.replaces.is_empty() {
+            write!(f, ", replaces {}", self.replaces.join(","))?;
+        }
+        if self.shadow_mode {
+            f.write_str(", shadow mode")?;
+        }
+        write!(f, "  [{}:{}]", self.source.file.display(), self.source.line)
+    }
+}
+
+impl fmt::Display for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for rule in &self.rules {
+            writeln!(f, "{rule}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+//! Every case of envoyproxy/ratelimit's own config fixtures
+//! (`../shared/compat/envoy-ratelimit/`): which files load, which are refused
+//! and what the error names, and which limit each descriptor gets.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tollgate::rules::{LoadOptions, RuleSet, load_paths};
+
+#[derive(Deserialize)]
+struct Cases {
+    errors: Vec<ErrorCase>,
+    ok: Vec<OkCase>,
+}
+
+#[derive(Deserialize)]
+struct ErrorCase {
+    files: Vec<String>,
+    must_mention: Vec<String>,
+    #[allow(dead_code)]
+    reference_message: String,
+}
+
+#[derive(Deserialize)]
+struct OkCase {
+    files: Vec<String>,
+    #[serde(default)]
+    merge_domains: bool,
+    domain: String,
+    lookups: Vec<Lookup>,
+}
+
+#[derive(Deserialize)]
+struct Lookup {
+    domain: Option<String>,
+    descriptor: Vec<(String, String)>,
+    expect: Expect,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Expect {
+    Word(String),
+    Limit {
+        requests_per_unit: u32,
+        unit: String,
+        name: Option<String>,
+        shadow_mode: Option<bool>,
+    },
+}
+
+fn compat_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/compat/envoy-ratelimit")
+}
+
+fn cases() -> Cases {
+    let path = compat_dir().join("cases.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the compat corpus is missing at {}: {e}", path.display()));
+    serde_saphyr::from_str(&text).expect("cases.yaml parses")
+}
+
+fn load(files: &[String], merge_domains: bool) -> Result<RuleSet, tollgate::rules::RuleErrors> {
+    let paths: Vec<PathBuf> = files.iter().map(|f| compat_dir().join("configs").join(f)).collect();
+    load_paths(
+        &paths,
+        &LoadOptions {
+            merge_domains,
+            ..LoadOptions::default()
+        },
+    )
+}
+
+#[test]
+fn every_error_case_is_refused_naming_the_file_and_the_problem() {
+    let cases = cases();
+    assert!(cases.errors.len() >= 14, "the corpus lists every refused file");
+    for case in &cases.errors {
+        let err = match load(&case.files, false) {
+            Ok(_) => panic!("{:?} must be refused", case.files),
+            Err(e) => e.to_string(),
+        };
+        let last = case.files.last().expect("a case names files");
+        assert!(err.contains(last.as_str()), "{:?}: error must name the file: {err}", case.files);
+        for word in &case.must_mention {
+            assert!(err.contains(word.as_str()), "{:?}: error must mention {word:?}: {err}", case.files);
+        }
+        // Where the problem is inside the file, the error gives line and column.
+        if case.files.len() == 1 && case.files[0] != "bad_yaml.yaml" {
+            let located = format!("{last}:");
+            let after = &err[err.find(&located).expect("file named") + located.len()..];
+            assert!(
+                after.split(':').next().is_some_and(|l| l.parse::<u32>().is_ok()),
+                "{last}: error should carry a line number: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_ok_case_loads_and_matches_as_the_reference() {
+    let cases = cases();
+    assert!(!cases.ok.is_empty());
+    for case in &cases.ok {
+        let rules = load(&case.files, case.merge_domains)
+            .unwrap_or_else(|e| panic!("{:?} must load: {e}", case.files));
+        for lookup in &case.lookups {
+            let domain = lookup.domain.as_deref().unwrap_or(&case.domain);
+            let entries: Vec<(&str, &str)> = lookup
+                .descriptor
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let found = rules.lookup(domain, &entries);
+            let what = format!("{:?} {domain} {:?}", case.files, lookup.descriptor);
+            match &lookup.expect {
+                Expect::Word(w) if w == "none" => {
+                    assert!(found.is_none(), "{what}: expected no limit, got {found:?}")
+                }
+                Expect::Word(w) if w == "unlimited" => {
+                    let rule = found.unwrap_or_else(|| panic!("{what}: expected unlimited")).rule;
+                    assert!(rule.limit.is_none(), "{what}: expected unlimited, got {rule}");
+                }
+                Expect::Word(w) => panic!("unknown expectation {w}"),
+                Expect::Limit { requests_per_unit, unit, name, shadow_mode } => {
+                    let rule = found.unwrap_or_else(|| panic!("{what}: expected a limit")).rule;
+                    let limit = rule.limit.unwrap_or_else(|| panic!("{what}: got unlimited"));
+                    assert_eq!(limit.requests_per_unit, *requests_per_unit, "{what}");
+                    assert!(limit.unit.name().eq_ignore_ascii_case(unit), "{what}: unit {:?}", limit.unit);
+                    if let Some(name) = name {
+                        assert_eq!(rule.name.as_deref(), Some(name.as_str()), "{what}");
+                    }
+                    if let Some(shadow) = shadow_mode {
+                        assert_eq!(rule.shadow_mode, *shadow, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
