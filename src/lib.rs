@@ -17,3 +17,4 @@
 pub mod algorithm;
 pub mod clock;
 pub mod rules;
+pub mod store;

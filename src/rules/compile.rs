@@ -233,7 +233,7 @@ impl Compiler {
                     unit
                 }
             };
-            let requests_per_unit = rl.requests_per_unit.as_ref().map(|r| r.value);
+            let requests_per_unit = rl.requests_per_unit.as_ref().map(|r| r.value.0);
             if requests_per_unit.is_none() {
                 err(pos, format!("'{path}' rate_limit has no requests_per_unit"));
             }
@@ -258,11 +258,11 @@ impl Compiler {
                     ));
                     None
                 }
-                Some(b) if b.value == 0 => {
+                Some(b) if b.value.0 == 0 => {
                     err(at(&b.referenced).or(pos), format!("'{path}' burst must be at least 1"));
                     None
                 }
-                Some(b) => Some(b.value),
+                Some(b) => Some(b.value.0),
             };
             let failure_mode = match &rl.failure_mode {
                 None => Some(None),

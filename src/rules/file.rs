@@ -37,14 +37,14 @@ pub(crate) struct RawDescriptor {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRateLimit {
-    pub(crate) requests_per_unit: Option<Spanned<u32>>,
+    pub(crate) requests_per_unit: Option<Spanned<Count>>,
     pub(crate) unit: Option<Spanned<Text>>,
     pub(crate) unlimited: Option<bool>,
     pub(crate) name: Option<Text>,
     pub(crate) replaces: Option<Vec<Spanned<RawReplaces>>>,
     // Tollgate's additions.
     pub(crate) algorithm: Option<Spanned<Text>>,
-    pub(crate) burst: Option<Spanned<u32>>,
+    pub(crate) burst: Option<Spanned<Count>>,
     pub(crate) failure_mode: Option<Spanned<Text>>,
 }
 
@@ -88,6 +88,39 @@ impl<'de> Deserialize<'de> for Text {
             }
         }
         d.deserialize_str(V)
+    }
+}
+
+/// A whole number from 0 to `u32::MAX`, with an error that shows the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Count(pub(crate) u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number from 0 to 4294967295")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
+                u32::try_from(v).map(Count).map_err(|_| {
+                    E::custom(format!("{v} is too large (at most 4294967295)"))
+                })
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("{v} is negative (expected 0 or more)")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Count, E> {
+                Err(E::custom(format!("{v} is not a whole number")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Count, E> {
+                Err(E::custom(format!("'{v}' is not a number")))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

@@ -1,0 +1,75 @@
+//! The all-or-nothing rule, shared by every store that runs the algorithms in
+//! process: decide each check against its current state (a key that appears
+//! twice sees its own earlier hits), then commit only if no enforced check was
+//! denied.
+
+use super::CounterKey;
+use crate::algorithm::{Algorithm, Outcome, Quota, State};
+use crate::clock::Nanos;
+
+/// One descriptor's question to the store.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Which counter.
+    pub key: CounterKey,
+    /// How it is decided.
+    pub algorithm: Algorithm,
+    /// Against what.
+    pub quota: Quota,
+    /// How many hits (0: check without counting).
+    pub hits: u64,
+    /// Whether a denial blocks the request (false in shadow mode).
+    pub enforced: bool,
+    /// The answer, filled in by the store.
+    pub outcome: Option<Outcome>,
+}
+
+impl Check {
+    /// A check with no outcome yet.
+    pub fn new(key: CounterKey, algorithm: Algorithm, quota: Quota, hits: u64, enforced: bool) -> Self {
+        Self {
+            key,
+            algorithm,
+            quota,
+            hits,
+            enforced,
+            outcome: None,
+        }
+    }
+}
+
+/// Decides `checks` from `states` (one per check, as currently stored) and
+/// fills their outcomes. Returns, for each check, the state to write (with its
+/// expiry) when the request is admitted, or `None` everywhere when it is not.
+pub fn decide_batch(
+    checks: &mut [Check],
+    states: &[State],
+    now: Nanos,
+) -> Vec<Option<(State, Nanos)>> {
+    let mut pending: Vec<Option<(State, Nanos)>> = vec![None; checks.len()];
+    let mut blocked = false;
+    for i in 0..checks.len() {
+        // An earlier check of the same counter in this request sees through.
+        let earlier = (0..i).rev().find(|&j| checks[j].key == checks[i].key);
+        let state = earlier
+            .and_then(|j| pending[j].map(|(s, _)| s))
+            .unwrap_or(states[i]);
+        let check = &mut checks[i];
+        let outcome = check.algorithm.decide(state, &check.quota, now, check.hits);
+        blocked |= check.enforced && !outcome.allowed;
+        pending[i] = outcome.commit;
+        check.outcome = Some(outcome);
+    }
+    if blocked {
+        // Nothing is spent: report what is left without this request's hits.
+        for (check, state) in checks.iter_mut().zip(states) {
+            if let Some(outcome) = check.outcome.as_mut().filter(|o| o.allowed) {
+                let unspent = check.algorithm.decide(*state, &check.quota, now, 0);
+                outcome.remaining = unspent.remaining;
+                outcome.commit = None;
+            }
+        }
+        pending.iter_mut().for_each(|p| *p = None);
+    }
+    pending
+}

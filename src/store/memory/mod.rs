@@ -1,0 +1,250 @@
+//! The embedded store: sharded hash tables of 32-byte entries.
+//!
+//! Keys are not stored. Each entry holds a 64-bit hash of the counter's
+//! canonical key (the table key) and an independent 32-bit check value from
+//! the same 128-bit hash. A lookup whose hash matches but whose check does not
+//! is a collision: that key lives in a small per-shard overflow map keyed by
+//! its full bytes, so a collision never merges two counters. With 1,000,000
+//! keys a 64-bit collision is expected about once in 30 million runs; the
+//! overflow map is normally empty.
+//!
+//! State is dropped once it can no longer affect a decision (the algorithm
+//! says when): lazily when a full shard needs room, and by [`MemoryStore::sweep`],
+//! which the server runs every second. Memory is therefore bounded by the keys
+//! active in the last window, and by `max_keys` in any case.
+
+use std::collections::HashMap;
+
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+
+use super::{Check, CounterKey, StoreError, decide_batch};
+use crate::algorithm::State;
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+/// How the memory store is sized.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryStoreOptions {
+    /// The most keys held at once. When a shard is full and none of its keys
+    /// has expired, new keys are refused with [`StoreError::Full`] (existing
+    /// keys keep working), and the limiter applies the rule's failure mode.
+    pub max_keys: usize,
+    /// Number of shards (rounded up to a power of two).
+    pub shards: usize,
+}
+
+impl Default for MemoryStoreOptions {
+    fn default() -> Self {
+        Self {
+            max_keys: 20_000_000,
+            shards: 256,
+        }
+    }
+}
+
+/// Hashes canonical key bytes to 128 bits with a per-process seed.
+pub type KeyHasher = fn(seed: u64, bytes: &[u8]) -> u128;
+
+fn xxh3(seed: u64, bytes: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    hash: u64,
+    check: u32,
+    /// Whole seconds since the epoch after which the state no longer matters.
+    expires: u32,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    state: State,
+    expires: u32,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    table: hashbrown::HashTable<Entry>,
+    /// Keys whose hash collided with another key's (normally empty).
+    overflow: HashMap<Box<[u8]>, Slot>,
+}
+
+/// Where one check's state is, inside a locked shard.
+enum Place {
+    Table(u64, u32),
+    Overflow,
+}
+
+/// The embedded store.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    max_per_shard: usize,
+    max_keys: usize,
+    seed: u64,
+    hasher: KeyHasher,
+}
+
+impl MemoryStore {
+    /// A store with a random hash seed.
+    pub fn new(options: MemoryStoreOptions) -> Self {
+        // A per-process seed keeps keys' placement unpredictable to clients.
+        let seed = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u64);
+        Self::with_hasher(options, seed, xxh3)
+    }
+
+    /// A store with a given hash function (tests force collisions with it).
+    pub fn with_hasher(options: MemoryStoreOptions, seed: u64, hasher: KeyHasher) -> Self {
+        let shards = options.shards.max(1).next_power_of_two();
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            max_per_shard: options.max_keys.div_ceil(shards).max(1),
+            max_keys: options.max_keys,
+            seed,
+            hasher,
+        }
+    }
+
+    fn locate(&self, key: &CounterKey) -> (usize, u64, u32) {
+        let h = (self.hasher)(self.seed, key.as_bytes());
+        let hash = (h >> 64) as u64;
+        // The table uses the hash's low bits for buckets and its top bits for
+        // tags; the shard comes from bits neither depends on much.
+        let shard = ((hash >> 32) as usize) & (self.shards.len() - 1);
+        (shard, hash, h as u32)
+    }
+
+    /// Decides `checks` at `now`, all or nothing.
+    pub fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        let located: SmallVec<[(usize, u64, u32); 4]> =
+            checks.iter().map(|c| self.locate(&c.key)).collect();
+        // Lock every shard involved, in index order so requests cannot deadlock.
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|l| l.0).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> =
+            order.iter().map(|&i| (i, self.shards[i].lock())).collect();
+        let shard_of = |i: usize| order.binary_search(&i).unwrap_or(0);
+
+        let mut places: SmallVec<[Place; 4]> = SmallVec::new();
+        let mut states: SmallVec<[State; 4]> = SmallVec::new();
+        for (check, &(shard, hash, tag)) in checks.iter().zip(&located) {
+            let guard = &mut guards[shard_of(shard)].1;
+            let (place, state) = find(guard, &check.key, hash, tag);
+            places.push(place);
+            states.push(state);
+        }
+        let commits = decide_batch(checks, &states, now);
+        let now_secs = (now / NANOS_PER_SEC) as u32;
+        for ((commit, place), (check, &(shard, _, _))) in
+            commits.into_iter().zip(&places).zip(checks.iter().zip(&located))
+        {
+            let Some((state, expires)) = commit else { continue };
+            let expires = u32::try_from(expires.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
+            let guard = &mut guards[shard_of(shard)].1;
+            self.write(guard, place, &check.key, state, expires, now_secs)?;
+        }
+        Ok(())
+    }
+
+    fn write(
+        &self,
+        shard: &mut Shard,
+        place: &Place,
+        key: &CounterKey,
+        state: State,
+        expires: u32,
+        now_secs: u32,
+    ) -> Result<(), StoreError> {
+        let slot = Slot { state, expires };
+        match *place {
+            Place::Overflow => {
+                shard.overflow.insert(key.as_bytes().into(), slot);
+            }
+            Place::Table(hash, tag) => {
+                if let Some(e) = shard.table.find_mut(hash, |e| e.hash == hash) {
+                    if e.check == tag {
+                        e.state = state;
+                        e.expires = expires;
+                    } else {
+                        shard.overflow.insert(key.as_bytes().into(), slot);
+                    }
+                    return Ok(());
+                }
+                if shard.table.len() >= self.max_per_shard {
+                    sweep_shard(shard, now_secs);
+                    if shard.table.len() >= self.max_per_shard {
+                        return Err(StoreError::Full {
+                            max_keys: self.max_keys,
+                        });
+                    }
+                }
+                shard.table.insert_unique(
+                    hash,
+                    Entry {
+                        hash,
+                        check: tag,
+                        expires,
+                        state,
+                    },
+                    |e| e.hash,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every entry whose state no longer matters at `now`. Returns how
+    /// many were dropped.
+    pub fn sweep(&self, now: Nanos) -> usize {
+        let now_secs = (now / NANOS_PER_SEC) as u32;
+        self.shards
+            .iter()
+            .map(|s| sweep_shard(&mut s.lock(), now_secs))
+            .sum()
+    }
+
+    /// The number of keys held.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.table.len() + s.overflow.len()
+            })
+            .sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The stored state of `key`, and where to write it back.
+fn find(shard: &Shard, key: &CounterKey, hash: u64, tag: u32) -> (Place, State) {
+    // A key lives in the overflow map only after colliding; look there first
+    // so it is found even after the entry it collided with has expired.
+    if !shard.overflow.is_empty() {
+        if let Some(slot) = shard.overflow.get(key.as_bytes()) {
+            return (Place::Overflow, slot.state);
+        }
+    }
+    match shard.table.find(hash, |e| e.hash == hash) {
+        Some(e) if e.check == tag => (Place::Table(hash, tag), e.state),
+        Some(_) => (Place::Overflow, State::default()),
+        None => (Place::Table(hash, tag), State::default()),
+    }
+}
+
+fn sweep_shard(shard: &mut Shard, now_secs: u32) -> usize {
+    let before = shard.table.len() + shard.overflow.len();
+    shard.table.retain(|e| e.expires > now_secs);
+    shard.overflow.retain(|_, s| s.expires > now_secs);
+    before - shard.table.len() - shard.overflow.len()
+}
+
+#[cfg(test)]
+mod tests;
