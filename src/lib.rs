@@ -16,5 +16,6 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod limiter;
 pub mod rules;
 pub mod store;

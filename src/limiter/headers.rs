@@ -1,0 +1,67 @@
+//! Response headers: `RateLimit-Policy` and `RateLimit` from the IETF draft
+//! (draft-ietf-httpapi-ratelimit-headers-10: structured-field lists of
+//! `"policy";q=..;w=..` and `"policy";r=..;t=..`), one item per matched
+//! enforced limit, and `Retry-After` on refusals.
+//!
+//! Shadow-mode limits are left out: they are not enforced, and advertising
+//! them would have clients slow down for a limit that is only being watched.
+
+use std::fmt::Write;
+
+use super::Status;
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+/// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.
+fn ceil_secs(n: Nanos) -> u64 {
+    n.div_ceil(NANOS_PER_SEC)
+}
+
+/// Writes `s` as a structured-field string (RFC 8941 sf-string).
+fn sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            // Only printable ASCII is allowed in an sf-string.
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+}
+
+/// The headers for a decision.
+pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static str, String)> {
+    let mut policy = String::new();
+    let mut current = String::new();
+    let mut retry: Option<Nanos> = None;
+    for status in statuses {
+        let Some(limit) = status.limit.as_ref().filter(|l| !l.shadow) else {
+            continue;
+        };
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            current.push_str(", ");
+        }
+        sf_string(&mut policy, &limit.policy);
+        let _ = write!(policy, ";q={};w={}", limit.requests_per_unit, limit.unit.seconds());
+        sf_string(&mut current, &limit.policy);
+        let _ = write!(current, ";r={};t={}", status.remaining, ceil_secs(status.reset));
+        if status.over_limit {
+            retry = Some(retry.unwrap_or(0).max(status.reset));
+        }
+    }
+    let mut headers = Vec::with_capacity(3);
+    if !policy.is_empty() {
+        headers.push(("ratelimit-policy", policy));
+        headers.push(("ratelimit", current));
+    }
+    if over_limit {
+        let secs = retry.map_or(1, ceil_secs).max(1);
+        headers.push(("retry-after", secs.to_string()));
+    }
+    headers
+}

@@ -1,0 +1,349 @@
+//! The domain entry point: match a request's descriptors to rules, have the
+//! store decide them together (all or nothing), and build the decision.
+//! Nothing here knows a proto type.
+
+mod headers;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use smallvec::SmallVec;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, Nanos};
+use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
+use crate::store::{Check, CounterKey, Store};
+
+pub use headers::response_headers;
+
+/// A rate limit request, borrowed from the wire.
+#[derive(Debug, Default)]
+pub struct Request<'a> {
+    /// The rule domain.
+    pub domain: &'a str,
+    /// The descriptors, in request order.
+    pub descriptors: SmallVec<[Descriptor<'a>; 4]>,
+    /// Request-level hits (0 means 1).
+    pub hits_addend: u32,
+}
+
+/// One descriptor: ordered entries, and optional per-descriptor settings.
+#[derive(Debug, Default)]
+pub struct Descriptor<'a> {
+    /// `(key, value)` entries in order.
+    pub entries: SmallVec<[(&'a str, &'a str); 4]>,
+    /// A limit sent by Envoy that replaces the configured one.
+    pub limit_override: Option<LimitOverride>,
+    /// Per-descriptor hits; wins over the request's when set (0: check only).
+    pub hits_addend: Option<u64>,
+}
+
+/// A limit sent in the request (Envoy's `RateLimitOverride`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Hits per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Whether this descriptor is over its limit (false in shadow mode).
+    pub over_limit: bool,
+    /// The limit that applied, if any.
+    pub limit: Option<AppliedLimit>,
+    /// Hits left.
+    pub remaining: u32,
+    /// Time until the limit resets (OK) or until a request would be admitted
+    /// (over the limit).
+    pub reset: Nanos,
+}
+
+/// The limit reported for a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    /// `rate_limit.name` (empty when unnamed), as the reference reports it.
+    pub name: String,
+    /// The policy name for response headers: the name, else the rule's path.
+    pub policy: String,
+    /// Hits per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+    /// Shadow mode: reported, never enforced.
+    pub shadow: bool,
+}
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request is refused.
+    pub over_limit: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<Status>,
+    /// Response headers to add (empty when headers are switched off).
+    pub headers: Vec<(&'static str, String)>,
+}
+
+/// Why a request could not be decided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// The request itself is malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+/// Server-wide limiter settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LimiterOptions {
+    /// Failure mode for rules that do not set one.
+    pub failure_mode: FailureMode,
+    /// Add RateLimit / RateLimit-Policy / Retry-After headers.
+    pub response_headers: bool,
+    /// Algorithm for limits sent in requests (`RateLimitOverride`).
+    pub default_algorithm: Algorithm,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureMode::Allow,
+            response_headers: true,
+            default_algorithm: Algorithm::SlidingWindow,
+        }
+    }
+}
+
+/// Decides requests against the current rules and the store.
+pub struct Limiter {
+    rules: ArcSwap<RuleSet>,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    options: LimiterOptions,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.store)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one descriptor resolved to before the store is asked.
+struct Planned<'r> {
+    rule: Option<&'r Rule>,
+    limit: Limit,
+    shadow: bool,
+    check: usize,
+}
+
+impl Limiter {
+    /// A limiter over `rules` and `store`, reading time from `clock`.
+    pub fn new(rules: RuleSet, store: Store, clock: Arc<dyn Clock>, options: LimiterOptions) -> Self {
+        Self {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            clock,
+            options,
+        }
+    }
+
+    /// Swaps in a new rule set; requests in flight finish on the old one.
+    pub fn set_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Decides a request.
+    pub async fn should_rate_limit(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
+        validate(request)?;
+        let rules = self.rules.load_full();
+        let hits_default = u64::from(request.hits_addend.max(1));
+
+        // Resolve every descriptor to a limit (or none).
+        let mut planned: SmallVec<[Option<Planned<'_>>; 4]> = SmallVec::new();
+        let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
+        let known_domain = rules.has_domain(request.domain);
+        for descriptor in &request.descriptors {
+            let resolved = if !known_domain {
+                // As the reference: an unknown domain has no limits, even for overrides.
+                None
+            } else if let Some(o) = descriptor.limit_override {
+                let limit = Limit {
+                    requests_per_unit: o.requests_per_unit,
+                    unit: o.unit,
+                    algorithm: self.options.default_algorithm,
+                    burst: o.requests_per_unit,
+                    failure_mode: None,
+                };
+                Some((None, limit, false, SmallVec::new()))
+            } else {
+                rules.lookup(request.domain, &descriptor.entries).and_then(|m| {
+                    let rule: &Rule = m.rule;
+                    // Unlimited rules are never counted.
+                    rule.limit.map(|limit| (Some(rule), limit, rule.shadow_mode, m.shared))
+                })
+            };
+            let Some((rule, limit, shadow, shared)) = resolved else {
+                planned.push(None);
+                continue;
+            };
+            let mut key = CounterKey::new(request.domain, limit.algorithm, limit.unit);
+            for (i, (k, v)) in descriptor.entries.iter().enumerate() {
+                let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
+                key.entry(k, value);
+            }
+            let hits = descriptor.hits_addend.unwrap_or(hits_default);
+            checks.push(Check::new(key, limit.algorithm, limit.quota(), hits, !shadow));
+            planned.push(Some(Planned {
+                rule,
+                limit,
+                shadow,
+                check: checks.len() - 1,
+            }));
+        }
+        drop_replaced(&mut planned, &mut checks);
+
+        let failed = if checks.is_empty() {
+            None
+        } else {
+            let now = self.clock.now();
+            self.store.decide(&mut checks, now).await.err()
+        };
+
+        let mut statuses = Vec::with_capacity(planned.len());
+        let mut over_limit = false;
+        for plan in &planned {
+            let Some(plan) = plan else {
+                statuses.push(Status {
+                    over_limit: false,
+                    limit: None,
+                    remaining: 0,
+                    reset: 0,
+                });
+                continue;
+            };
+            let (allowed, remaining, reset) = match (&failed, checks[plan.check].outcome) {
+                (None, Some(o)) => (o.allowed, o.remaining, o.wait),
+                // The store could not decide: the rule's failure mode answers.
+                _ => {
+                    let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
+                    let allowed = mode == FailureMode::Allow;
+                    let remaining = if allowed { plan.limit.requests_per_unit } else { 0 };
+                    (allowed, remaining, crate::clock::NANOS_PER_SEC)
+                }
+            };
+            let over = !allowed && !plan.shadow;
+            over_limit |= over;
+            statuses.push(Status {
+                over_limit: over,
+                limit: Some(applied(plan)),
+                remaining,
+                reset,
+            });
+        }
+        let headers = if self.options.response_headers {
+            response_headers(&statuses, over_limit)
+        } else {
+            Vec::new()
+        };
+        Ok(Decision {
+            over_limit,
+            statuses,
+            headers,
+        })
+    }
+}
+
+fn applied(plan: &Planned<'_>) -> AppliedLimit {
+    let (name, policy) = match plan.rule {
+        Some(rule) => (
+            rule.name.clone().unwrap_or_default(),
+            rule.name.clone().unwrap_or_else(|| rule.path.clone()),
+        ),
+        None => (String::new(), "override".to_owned()),
+    };
+    AppliedLimit {
+        name,
+        policy,
+        requests_per_unit: plan.limit.requests_per_unit,
+        unit: plan.limit.unit,
+        shadow: plan.shadow,
+    }
+}
+
+/// `replaces`: a matched limit whose name another matched limit replaces is
+/// dropped (the descriptor is answered OK with no limit), as in the reference.
+fn drop_replaced(planned: &mut [Option<Planned<'_>>], checks: &mut SmallVec<[Check; 4]>) {
+    let replacing: SmallVec<[&str; 4]> = planned
+        .iter()
+        .flatten()
+        .filter_map(|p| p.rule)
+        .flat_map(|r| r.replaces.iter().map(String::as_str))
+        .collect();
+    if replacing.is_empty() {
+        return;
+    }
+    let mut dropped: SmallVec<[usize; 4]> = SmallVec::new();
+    for slot in planned.iter_mut() {
+        let replaced = slot
+            .as_ref()
+            .and_then(|p| p.rule)
+            .and_then(|r| r.name.as_deref())
+            .is_some_and(|name| replacing.contains(&name));
+        if replaced {
+            if let Some(p) = slot.take() {
+                dropped.push(p.check);
+            }
+        }
+    }
+    // Remove the dropped checks and renumber the rest.
+    dropped.sort_unstable();
+    for &index in dropped.iter().rev() {
+        checks.remove(index);
+    }
+    for p in planned.iter_mut().flatten() {
+        p.check -= dropped.iter().filter(|&&d| d < p.check).count();
+    }
+}
+
+fn validate(request: &Request<'_>) -> Result<(), LimitError> {
+    if request.domain.is_empty() {
+        return Err(LimitError::InvalidArgument("rate limit domain must not be empty".into()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(LimitError::InvalidArgument("rate limit request has no descriptors".into()));
+    }
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(LimitError::InvalidArgument(format!("descriptor {i} has no entries")));
+        }
+        if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
+            return Err(LimitError::InvalidArgument(format!(
+                "descriptor {i} entry {j} has an empty key"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+use crate::clock::{ManualClock, NANOS_PER_SEC};
+use crate::rules::{LoadOptions, load_sources};
+use crate::store::{MemoryStore, MemoryStoreOptions};
+
+const RULES: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per-user}
+  - key: org
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: watch
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 100, name: gold, replaces: [{name: per-user}]}
+  - key: vault
+    rate_limit: {unit: minute, requests_per_unit: 1, failure_mode: deny}
+";
+
+fn limiter_with(store: MemoryStoreOptions) -> (Limiter, ManualClock) {
+    let rules = load_sources(&[(PathBuf::from("r.yaml"), RULES.into())], &LoadOptions::default())
+        .expect("rules load");
+    let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
+    let limiter = Limiter::new(
+        rules,
+        Store::Memory(MemoryStore::new(store)),
+        Arc::new(clock.clone()),
+        LimiterOptions::default(),
+    );
+    (limiter, clock)
+}
+
+fn limiter() -> (Limiter, ManualClock) {
+    limiter_with(MemoryStoreOptions::default())
+}
+
+fn req<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
+    Request {
+        domain: "api",
+        descriptors: descriptors
+            .iter()
+            .map(|entries| Descriptor {
+                entries: entries.iter().copied().collect(),
+                ..Descriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn decide(l: &Limiter, r: &Request<'_>) -> Decision {
+    l.should_rate_limit(r).await.expect("valid request")
+}
+
+#[tokio::test]
+async fn blocked_requests_spend_nothing_from_the_other_descriptors() {
+    let (l, _) = limiter();
+    let both = req(&[&[("org", "acme")], &[("user", "ann")]]);
+    for _ in 0..2 {
+        assert!(!decide(&l, &both).await.over_limit);
+    }
+    for _ in 0..10 {
+        let d = decide(&l, &both).await;
+        assert!(d.over_limit);
+        assert_eq!((d.statuses[0].over_limit, d.statuses[1].over_limit), (false, true));
+        assert_eq!(d.statuses[0].remaining, 3, "the org budget is untouched");
+    }
+    // Another user of the same org still has the org's remaining 3.
+    let other = req(&[&[("org", "acme")], &[("user", "bob")]]);
+    assert!(!decide(&l, &other).await.over_limit);
+    assert_eq!(decide(&l, &req(&[&[("org", "acme")]])).await.statuses[0].remaining, 1);
+}
+
+#[tokio::test]
+async fn shadow_mode_reports_but_never_blocks() {
+    let (l, _) = limiter();
+    let r = req(&[&[("watch", "x")]]);
+    for _ in 0..5 {
+        let d = decide(&l, &r).await;
+        assert!(!d.over_limit && !d.statuses[0].over_limit);
+        assert!(d.statuses[0].limit.as_ref().is_some_and(|l| l.shadow));
+    }
+}
+
+#[tokio::test]
+async fn unlimited_and_unmatched_descriptors_have_no_limit() {
+    let (l, _) = limiter();
+    let d = decide(&l, &req(&[&[("free", "x")], &[("nothing", "y")]])).await;
+    assert!(!d.over_limit);
+    assert!(d.statuses.iter().all(|s| s.limit.is_none()));
+    assert!(d.headers.is_empty());
+    let unknown = Request { domain: "elsewhere", ..req(&[&[("user", "x")]]) };
+    assert!(decide(&l, &unknown).await.statuses[0].limit.is_none());
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit() {
+    let (l, _) = limiter();
+    let r = req(&[&[("plan", "gold")], &[("user", "ann")]]);
+    for _ in 0..5 {
+        let d = decide(&l, &r).await;
+        assert!(!d.over_limit);
+        assert!(d.statuses[1].limit.is_none(), "per-user is replaced by gold");
+        assert_eq!(d.statuses[0].limit.as_ref().map(|l| l.name.as_str()), Some("gold"));
+    }
+}
+
+#[tokio::test]
+async fn hits_addend_request_and_descriptor_level() {
+    let (l, _) = limiter();
+    let mut r = req(&[&[("org", "a")]]);
+    r.hits_addend = 3;
+    assert_eq!(decide(&l, &r).await.statuses[0].remaining, 2);
+    r.descriptors[0].hits_addend = Some(0);
+    let check = decide(&l, &r).await;
+    assert_eq!(check.statuses[0].remaining, 2, "0 on a descriptor checks without counting");
+    r.descriptors[0].hits_addend = Some(3);
+    assert!(decide(&l, &r).await.over_limit, "3 more than the 2 left");
+    r.descriptors[0].hits_addend = Some(2);
+    assert!(!decide(&l, &r).await.over_limit);
+}
+
+#[tokio::test]
+async fn limit_override_replaces_the_configured_limit() {
+    let (l, _) = limiter();
+    let mut r = req(&[&[("org", "b")]]);
+    r.descriptors[0].limit_override = Some(LimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour,
+    });
+    let first = decide(&l, &r).await;
+    let applied = first.statuses[0].limit.clone().expect("override applies");
+    assert_eq!((applied.requests_per_unit, applied.unit), (1, Unit::Hour));
+    assert!(decide(&l, &r).await.over_limit);
+}
+
+#[tokio::test]
+async fn headers_follow_the_draft_and_retry_after_rounds_up() {
+    let (l, clock) = limiter();
+    clock.advance(Duration::from_millis(12_300)); // 47.7 s left in the minute
+    let r = req(&[&[("user", "ann")], &[("org", "acme")]]);
+    let ok = decide(&l, &r).await;
+    assert_eq!(
+        ok.headers,
+        vec![
+            ("ratelimit-policy", "\"per-user\";q=2;w=60, \"api.org\";q=5;w=60".to_owned()),
+            ("ratelimit", "\"per-user\";r=1;t=48, \"api.org\";r=4;t=48".to_owned()),
+        ]
+    );
+    decide(&l, &r).await;
+    let refused = decide(&l, &r).await;
+    assert!(refused.over_limit);
+    let retry = refused.headers.iter().find(|h| h.0 == "retry-after").expect("retry-after");
+    // Sliding window: 2 hits this window, none before; the next window starts in 47.7 s
+    // and from then the previous 2 fade.
+    let wait = refused.statuses[0].reset;
+    assert_eq!(retry.1, wait.div_ceil(NANOS_PER_SEC).to_string());
+    assert!(wait > 47 * NANOS_PER_SEC);
+}
+
+#[tokio::test]
+async fn store_failure_gets_each_rules_failure_mode() {
+    // A store that can hold nothing: every new key fails.
+    let (l, _) = limiter_with(MemoryStoreOptions { max_keys: 0, shards: 1 });
+    let d = decide(&l, &req(&[&[("org", "x")]])).await;
+    assert!(!d.over_limit, "server default: allow");
+    let d = decide(&l, &req(&[&[("vault", "x")]])).await;
+    assert!(d.over_limit, "the rule says deny");
+    assert!(d.headers.iter().any(|h| h.0 == "retry-after" && h.1 == "1"));
+}
+
+#[tokio::test]
+async fn malformed_requests_name_the_problem() {
+    let (l, _) = limiter();
+    let cases = [
+        (Request { domain: "", ..req(&[&[("user", "x")]]) }, "domain"),
+        (req(&[]), "no descriptors"),
+        (req(&[&[("user", "x")], &[("", "y")]]), "descriptor 1 entry 0 has an empty key"),
+        (req(&[&[]]), "descriptor 0 has no entries"),
+    ];
+    for (r, needle) in cases {
+        match l.should_rate_limit(&r).await {
+            Err(LimitError::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
+            other => panic!("expected invalid argument for {needle}: {other:?}"),
+        }
+    }
+}
