@@ -17,5 +17,8 @@
 pub mod algorithm;
 pub mod clock;
 pub mod limiter;
+pub mod rls;
 pub mod rules;
+pub mod server;
+pub mod settings;
 pub mod store;

@@ -1,0 +1,91 @@
+//! The `tollgate` binary: parse settings, start logging, run.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use tollgate::clock::SystemClock;
+use tollgate::limiter::{Limiter, LimiterOptions};
+use tollgate::rules::load_paths;
+use tollgate::settings::{CheckArgs, Cli, Command, OnOff, ServeArgs};
+use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    match load_paths(&args.paths, &args.load_options()) {
+        Ok(rules) => {
+            print!("{rules}");
+            println!("ok: {} rules in {} domains", rules.rules().len(), rules.domain_count());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{} error(s); nothing loaded", errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let paths = args.rule_paths();
+    let rules = match load_paths(&paths, &args.load_options()) {
+        Ok(rules) => rules,
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("tollgate: rules not loaded ({} error(s)); not starting", errors.0.len());
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        rules = rules.rules().len(),
+        domains = rules.domain_count(),
+        paths = ?paths,
+        "rules loaded"
+    );
+    let store = Store::Memory(MemoryStore::new(MemoryStoreOptions {
+        max_keys: args.max_keys,
+        ..MemoryStoreOptions::default()
+    }));
+    let options = LimiterOptions {
+        failure_mode: args.failure_mode.into(),
+        response_headers: args.response_headers == OnOff::On,
+        default_algorithm: args.default_algorithm.into(),
+    };
+    let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let listeners = match tollgate::server::bind_grpc(args.grpc_addr, workers) {
+        Ok(listeners) => listeners,
+        Err(e) => {
+            eprintln!("tollgate: cannot listen on {}: {e}", args.grpc_addr);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
+        // One line on stdout that scripts and tests can wait for.
+        println!("tollgate: gRPC listening on {addr}");
+        tracing::info!(%addr, workers, "gRPC listening");
+    }
+    match tollgate::server::run(limiter, listeners, tollgate::server::shutdown_signal()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Envoy's `RateLimitService` over gRPC: proto to domain and back, and
+//! nothing else.
+//!
+//! Envoy treats every response code other than OVER_LIMIT as OK, so each
+//! status carries an explicit OK or OVER_LIMIT, never UNKNOWN.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tonic::{Request, Response, Status};
+
+use crate::clock::{NANOS_PER_SEC, Nanos};
+use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
+use crate::rules::Unit;
+
+/// The gRPC service around a [`Limiter`].
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+}
+
+impl RlsService {
+    /// Serves `limiter`.
+    pub fn new(limiter: Arc<Limiter>) -> Self {
+        Self { limiter }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        let domain_request = to_domain(&request)?;
+        match self.limiter.should_rate_limit(&domain_request).await {
+            Ok(decision) => Ok(Response::new(to_proto(decision))),
+            // A malformed request is the caller's bug: say what is wrong.
+            Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
+        }
+    }
+}
+
+fn unit_from_proto(unit: i32) -> Option<Unit> {
+    match PbUnit::try_from(unit).ok()? {
+        PbUnit::Unknown => None,
+        PbUnit::Second => Some(Unit::Second),
+        PbUnit::Minute => Some(Unit::Minute),
+        PbUnit::Hour => Some(Unit::Hour),
+        PbUnit::Day => Some(Unit::Day),
+        PbUnit::Week => Some(Unit::Week),
+        PbUnit::Month => Some(Unit::Month),
+        PbUnit::Year => Some(Unit::Year),
+    }
+}
+
+fn unit_to_proto(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+/// Borrows the wire request as a domain request.
+fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
+    let mut descriptors = smallvec::SmallVec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        let limit_override = match &d.limit {
+            None => None,
+            Some(o) => {
+                let unit = unit_from_proto(o.unit).ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "descriptor {i} limit override has no valid unit ({})",
+                        o.unit
+                    ))
+                })?;
+                Some(LimitOverride {
+                    requests_per_unit: o.requests_per_unit,
+                    unit,
+                })
+            }
+        };
+        // Negative hits (a refund) are not supported: they are treated as a
+        // check, so they never spend budget.
+        let hits_addend = if d.is_negative_hits {
+            Some(0)
+        } else {
+            d.hits_addend.as_ref().map(|h| h.value)
+        };
+        descriptors.push(Descriptor {
+            entries: d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect(),
+            limit_override,
+            hits_addend,
+        });
+    }
+    Ok(limiter::Request {
+        domain: &request.domain,
+        descriptors,
+        hits_addend: request.hits_addend,
+    })
+}
+
+fn duration(n: Nanos) -> PbDuration {
+    PbDuration {
+        seconds: (n / NANOS_PER_SEC) as i64,
+        nanos: (n % NANOS_PER_SEC) as i32,
+    }
+}
+
+fn to_proto(decision: Decision) -> RateLimitResponse {
+    let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
+    RateLimitResponse {
+        overall_code: code(decision.over_limit),
+        statuses: decision
+            .statuses
+            .into_iter()
+            .map(|s| DescriptorStatus {
+                code: code(s.over_limit),
+                limit_remaining: s.remaining,
+                duration_until_reset: s.limit.as_ref().map(|_| duration(s.reset)),
+                current_limit: s.limit.map(|l| RateLimit {
+                    name: l.name,
+                    requests_per_unit: l.requests_per_unit,
+                    unit: unit_to_proto(l.unit) as i32,
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        response_headers_to_add: decision
+            .headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_owned(),
+                value,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
