@@ -1,1 +1,103 @@
-fn main(){}
+//! Memory-store decisions per second: one hot key, and 100,000 distinct keys;
+//! both for the store alone and through the limiter (rule matching, key
+//! building, the store and the response, everything but gRPC).
+//!
+//! Run: `cargo bench --bench memory_store`
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tollgate::algorithm::{Algorithm, Quota};
+use tollgate::clock::{NANOS_PER_SEC, SystemClock};
+use tollgate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
+use tollgate::rules::{LoadOptions, Unit, load_sources};
+use tollgate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store};
+
+const DISTINCT: usize = 100_000;
+
+/// The memory store never waits, so one poll completes the future.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("the memory store never waits"),
+    }
+}
+
+fn key(i: usize) -> CounterKey {
+    let mut k = CounterKey::new("api", Algorithm::SlidingWindow, Unit::Minute);
+    k.entry("remote_address", &format!("10.0.{}.{}", i / 256, i % 256));
+    k
+}
+
+fn store(c: &mut Criterion) {
+    let quota = Quota { limit: u32::MAX, period: 60 * NANOS_PER_SEC, burst: 1 };
+    let store = MemoryStore::new(MemoryStoreOptions::default());
+    let now = 1_800_000_000 * NANOS_PER_SEC;
+    let mut group = c.benchmark_group("memory_store");
+    group.throughput(Throughput::Elements(1));
+    let hot = key(0);
+    group.bench_function("hot_key", |b| {
+        b.iter(|| {
+            let mut checks = [Check::new(hot.clone(), Algorithm::SlidingWindow, quota, 1, true)];
+            store.decide(black_box(&mut checks), now).expect("decides");
+            black_box(checks[0].outcome)
+        })
+    });
+    let keys: Vec<CounterKey> = (0..DISTINCT).map(key).collect();
+    let mut i = 0;
+    group.bench_function("100k_keys", |b| {
+        b.iter(|| {
+            i = (i + 1) % DISTINCT;
+            let mut checks = [Check::new(keys[i].clone(), Algorithm::SlidingWindow, quota, 1, true)];
+            store.decide(black_box(&mut checks), now).expect("decides");
+            black_box(checks[0].outcome)
+        })
+    });
+    group.finish();
+}
+
+fn limiter(c: &mut Criterion) {
+    let rules = "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 4000000000}\n";
+    let rules = load_sources(&[(PathBuf::from("bench.yaml"), rules.into())], &LoadOptions::default())
+        .expect("rules");
+    let limiter = Limiter::new(
+        rules,
+        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Arc::new(SystemClock),
+        LimiterOptions::default(),
+    );
+    let addresses: Vec<String> = (0..DISTINCT).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
+    let mut group = c.benchmark_group("limiter");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("hot_key", |b| {
+        b.iter(|| black_box(ready(limiter.should_rate_limit(&request(&addresses[0])))))
+    });
+    let mut i = 0;
+    group.bench_function("100k_keys", |b| {
+        b.iter(|| {
+            i = (i + 1) % DISTINCT;
+            black_box(ready(limiter.should_rate_limit(&request(&addresses[i]))))
+        })
+    });
+    group.finish();
+}
+
+fn request(addr: &str) -> Request<'_> {
+    Request {
+        domain: "api",
+        descriptors: [Descriptor {
+            entries: [("remote_address", addr)].into_iter().collect(),
+            ..Descriptor::default()
+        }]
+        .into_iter()
+        .collect(),
+        hits_addend: 0,
+    }
+}
+
+criterion_group!(benches, store, limiter);
+criterion_main!(benches);

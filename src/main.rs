@@ -89,3 +89,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     }
 }
+
+// glibc's malloc showed up at ~10% of a request's CPU time; mimalloc's
+// per-thread free lists suit one runtime per core.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

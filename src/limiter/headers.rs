@@ -19,6 +19,11 @@ fn ceil_secs(n: Nanos) -> u64 {
 /// Writes `s` as a structured-field string (RFC 8941 sf-string).
 fn sf_string(out: &mut String, s: &str) {
     out.push('"');
+    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' | '\\' => {
@@ -35,8 +40,8 @@ fn sf_string(out: &mut String, s: &str) {
 
 /// The headers for a decision.
 pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static str, String)> {
-    let mut policy = String::new();
-    let mut current = String::new();
+    let mut policy = String::with_capacity(64);
+    let mut current = String::with_capacity(64);
     let mut retry: Option<Nanos> = None;
     for status in statuses {
         let Some(limit) = status.limit.as_ref().filter(|l| !l.shadow) else {

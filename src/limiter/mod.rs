@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
-use crate::store::{Check, CounterKey, Store};
+use crate::store::{Check, CounterKey, Store, StoreError};
 
 pub use headers::response_headers;
 
@@ -65,9 +65,9 @@ pub struct Status {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedLimit {
     /// `rate_limit.name` (empty when unnamed), as the reference reports it.
-    pub name: String,
+    pub name: Arc<str>,
     /// The policy name for response headers: the name, else the rule's path.
-    pub policy: String,
+    pub policy: Arc<str>,
     /// Hits per unit.
     pub requests_per_unit: u32,
     /// The unit.
@@ -134,8 +134,8 @@ impl std::fmt::Debug for Limiter {
 }
 
 /// What one descriptor resolved to before the store is asked.
-struct Planned<'r> {
-    rule: Option<&'r Rule>,
+struct Planned {
+    rule: Option<Arc<Rule>>,
     limit: Limit,
     shadow: bool,
     check: usize,
@@ -174,12 +174,43 @@ impl Limiter {
 
     /// Decides a request.
     pub async fn should_rate_limit(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
-        validate(request)?;
-        let rules = self.rules.load_full();
-        let hits_default = u64::from(request.hits_addend.max(1));
+        let mut plan = self.plan(request)?;
+        let failed = if plan.checks.is_empty() {
+            None
+        } else {
+            let now = self.clock.now();
+            self.store.decide(&mut plan.checks, now).await.err()
+        };
+        Ok(self.finish(plan, failed))
+    }
 
-        // Resolve every descriptor to a limit (or none).
-        let mut planned: SmallVec<[Option<Planned<'_>>; 4]> = SmallVec::new();
+    /// Decides a request at once when the store can answer without waiting
+    /// (the memory store); `None` means use [`Limiter::should_rate_limit`].
+    /// The gRPC handler takes this path so the common case builds no large
+    /// future.
+    pub fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, LimitError>> {
+        if !self.store.answers_at_once() {
+            return None;
+        }
+        let mut plan = match self.plan(request) {
+            Ok(plan) => plan,
+            Err(e) => return Some(Err(e)),
+        };
+        let failed = if plan.checks.is_empty() {
+            None
+        } else {
+            let now = self.clock.now();
+            self.store.decide_now(&mut plan.checks, now)?.err()
+        };
+        Some(Ok(self.finish(plan, failed)))
+    }
+
+    /// Resolves every descriptor to a limit (or none) and builds the store checks.
+    fn plan(&self, request: &Request<'_>) -> Result<Plan, LimitError> {
+        validate(request)?;
+        let rules = self.rules.load();
+        let hits_default = u64::from(request.hits_addend.max(1));
+        let mut planned: SmallVec<[Option<Planned>; 4]> = SmallVec::new();
         let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
         let known_domain = rules.has_domain(request.domain);
         for descriptor in &request.descriptors {
@@ -197,9 +228,10 @@ impl Limiter {
                 Some((None, limit, false, SmallVec::new()))
             } else {
                 rules.lookup(request.domain, &descriptor.entries).and_then(|m| {
-                    let rule: &Rule = m.rule;
+                    let rule = m.rule;
                     // Unlimited rules are never counted.
-                    rule.limit.map(|limit| (Some(rule), limit, rule.shadow_mode, m.shared))
+                    rule.limit
+                        .map(|limit| (Some(rule.clone()), limit, rule.shadow_mode, m.shared))
                 })
             };
             let Some((rule, limit, shadow, shared)) = resolved else {
@@ -221,14 +253,15 @@ impl Limiter {
             }));
         }
         drop_replaced(&mut planned, &mut checks);
+        Ok(Plan { planned, checks })
+    }
 
-        let failed = if checks.is_empty() {
-            None
-        } else {
-            let now = self.clock.now();
-            self.store.decide(&mut checks, now).await.err()
-        };
-
+    /// Turns the store's outcomes (or its failure) into the decision.
+    fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Decision {
+        let Plan { planned, checks } = plan;
+        if let Some(err) = &failed {
+            tracing::debug!(%err, "store failed; answering from failure modes");
+        }
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over_limit = false;
         for plan in &planned {
@@ -265,21 +298,24 @@ impl Limiter {
         } else {
             Vec::new()
         };
-        Ok(Decision {
+        Decision {
             over_limit,
             statuses,
             headers,
-        })
+        }
     }
 }
 
-fn applied(plan: &Planned<'_>) -> AppliedLimit {
-    let (name, policy) = match plan.rule {
-        Some(rule) => (
-            rule.name.clone().unwrap_or_default(),
-            rule.name.clone().unwrap_or_else(|| rule.path.clone()),
-        ),
-        None => (String::new(), "override".to_owned()),
+/// A request resolved to limits, ready for the store.
+struct Plan {
+    planned: SmallVec<[Option<Planned>; 4]>,
+    checks: SmallVec<[Check; 4]>,
+}
+
+fn applied(plan: &Planned) -> AppliedLimit {
+    let (name, policy) = match &plan.rule {
+        Some(rule) => (rule.reported_name.clone(), rule.policy_name.clone()),
+        None => (Arc::from(""), Arc::from("override")),
     };
     AppliedLimit {
         name,
@@ -292,29 +328,24 @@ fn applied(plan: &Planned<'_>) -> AppliedLimit {
 
 /// `replaces`: a matched limit whose name another matched limit replaces is
 /// dropped (the descriptor is answered OK with no limit), as in the reference.
-fn drop_replaced(planned: &mut [Option<Planned<'_>>], checks: &mut SmallVec<[Check; 4]>) {
-    let replacing: SmallVec<[&str; 4]> = planned
-        .iter()
-        .flatten()
-        .filter_map(|p| p.rule)
-        .flat_map(|r| r.replaces.iter().map(String::as_str))
-        .collect();
-    if replacing.is_empty() {
+fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 4]>) {
+    let rules = || planned.iter().flatten().filter_map(|p| p.rule.as_deref());
+    if rules().all(|r| r.replaces.is_empty()) {
         return;
     }
-    let mut dropped: SmallVec<[usize; 4]> = SmallVec::new();
-    for slot in planned.iter_mut() {
-        let replaced = slot
-            .as_ref()
-            .and_then(|p| p.rule)
-            .and_then(|r| r.name.as_deref())
-            .is_some_and(|name| replacing.contains(&name));
-        if replaced {
-            if let Some(p) = slot.take() {
-                dropped.push(p.check);
-            }
-        }
-    }
+    let replaced: SmallVec<[usize; 4]> = planned
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| {
+            let name = slot.as_ref().and_then(|p| p.rule.as_deref()).and_then(|r| r.name.as_deref());
+            name.is_some_and(|name| rules().any(|r| r.replaces.iter().any(|n| n == name)))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let mut dropped: SmallVec<[usize; 4]> = replaced
+        .iter()
+        .filter_map(|&i| planned[i].take().map(|p| p.check))
+        .collect();
     // Remove the dropped checks and renumber the rest.
     dropped.sort_unstable();
     for &index in dropped.iter().rev() {

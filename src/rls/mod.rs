@@ -48,7 +48,13 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
         let domain_request = to_domain(&request)?;
-        match self.limiter.should_rate_limit(&domain_request).await {
+        let decided = match self.limiter.decide_now(&domain_request) {
+            Some(decided) => decided,
+            // Boxed, so the common (memory store) path above keeps this
+            // handler's future small.
+            None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
+        };
+        match decided {
             Ok(decision) => Ok(Response::new(to_proto(decision))),
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
@@ -143,7 +149,7 @@ fn to_proto(decision: Decision) -> RateLimitResponse {
                 limit_remaining: s.remaining,
                 duration_until_reset: s.limit.as_ref().map(|_| duration(s.reset)),
                 current_limit: s.limit.map(|l| RateLimit {
-                    name: l.name,
+                    name: l.name.to_string(),
                     requests_per_unit: l.requests_per_unit,
                     unit: unit_to_proto(l.unit) as i32,
                 }),

@@ -297,6 +297,8 @@ impl Compiler {
             domain: domain.clone(),
             path: path.to_owned(),
             key: key.to_owned(),
+            reported_name: name.as_deref().unwrap_or("").into(),
+            policy_name: name.as_deref().unwrap_or(path).into(),
             name,
             limit,
             shadow_mode: raw.shadow_mode.unwrap_or(false),

@@ -147,6 +147,11 @@ pub struct Rule {
     pub key: String,
     /// `rate_limit.name`, if set (used by `replaces`).
     pub name: Option<String>,
+    /// The name as reported in `current_limit.name` (empty when unnamed);
+    /// shared so answering a request does not copy it.
+    pub reported_name: Arc<str>,
+    /// The policy name in response headers: the name, else the path.
+    pub policy_name: Arc<str>,
     /// The limit, or `None` for `unlimited: true` (never counted).
     pub limit: Option<Limit>,
     /// Over-limit decisions are reported as OK.

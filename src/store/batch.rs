@@ -7,6 +7,9 @@ use super::CounterKey;
 use crate::algorithm::{Algorithm, Outcome, Quota, State};
 use crate::clock::Nanos;
 
+/// What to write back, per check.
+pub type Commits = smallvec::SmallVec<[Option<(State, Nanos)>; 4]>;
+
 /// One descriptor's question to the store.
 #[derive(Debug, Clone)]
 pub struct Check {
@@ -41,12 +44,8 @@ impl Check {
 /// Decides `checks` from `states` (one per check, as currently stored) and
 /// fills their outcomes. Returns, for each check, the state to write (with its
 /// expiry) when the request is admitted, or `None` everywhere when it is not.
-pub fn decide_batch(
-    checks: &mut [Check],
-    states: &[State],
-    now: Nanos,
-) -> Vec<Option<(State, Nanos)>> {
-    let mut pending: Vec<Option<(State, Nanos)>> = vec![None; checks.len()];
+pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commits {
+    let mut pending: Commits = smallvec::smallvec![None; checks.len()];
     let mut blocked = false;
     for i in 0..checks.len() {
         // An earlier check of the same counter in this request sees through.

@@ -6,7 +6,7 @@ mod batch;
 mod key;
 pub mod memory;
 
-pub use batch::{Check, decide_batch};
+pub use batch::{Check, Commits, decide_batch};
 pub use key::CounterKey;
 pub use memory::{MemoryStore, MemoryStoreOptions};
 
@@ -44,6 +44,18 @@ impl Store {
     pub async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
         match self {
             Store::Memory(store) => store.decide(checks, now),
+        }
+    }
+
+    /// Whether [`Store::decide_now`] answers (the store never waits).
+    pub fn answers_at_once(&self) -> bool {
+        matches!(self, Store::Memory(_))
+    }
+
+    /// Decides without waiting, when the store can; `None` otherwise.
+    pub fn decide_now(&self, checks: &mut [Check], now: Nanos) -> Option<Result<(), StoreError>> {
+        match self {
+            Store::Memory(store) => Some(store.decide(checks, now)),
         }
     }
 
