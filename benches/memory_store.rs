@@ -34,7 +34,11 @@ fn key(i: usize) -> CounterKey {
 }
 
 fn store(c: &mut Criterion) {
-    let quota = Quota { limit: u32::MAX, period: 60 * NANOS_PER_SEC, burst: 1 };
+    let quota = Quota {
+        limit: u32::MAX,
+        period: 60 * NANOS_PER_SEC,
+        burst: 1,
+    };
     let store = MemoryStore::new(MemoryStoreOptions::default());
     let now = 1_800_000_000 * NANOS_PER_SEC;
     let mut group = c.benchmark_group("memory_store");
@@ -42,7 +46,13 @@ fn store(c: &mut Criterion) {
     let hot = key(0);
     group.bench_function("hot_key", |b| {
         b.iter(|| {
-            let mut checks = [Check::new(hot.clone(), Algorithm::SlidingWindow, quota, 1, true)];
+            let mut checks = [Check::new(
+                hot.clone(),
+                Algorithm::SlidingWindow,
+                quota,
+                1,
+                true,
+            )];
             store.decide(black_box(&mut checks), now).expect("decides");
             black_box(checks[0].outcome)
         })
@@ -52,7 +62,13 @@ fn store(c: &mut Criterion) {
     group.bench_function("100k_keys", |b| {
         b.iter(|| {
             i = (i + 1) % DISTINCT;
-            let mut checks = [Check::new(keys[i].clone(), Algorithm::SlidingWindow, quota, 1, true)];
+            let mut checks = [Check::new(
+                keys[i].clone(),
+                Algorithm::SlidingWindow,
+                quota,
+                1,
+                true,
+            )];
             store.decide(black_box(&mut checks), now).expect("decides");
             black_box(checks[0].outcome)
         })
@@ -62,15 +78,20 @@ fn store(c: &mut Criterion) {
 
 fn limiter(c: &mut Criterion) {
     let rules = "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 4000000000}\n";
-    let rules = load_sources(&[(PathBuf::from("bench.yaml"), rules.into())], &LoadOptions::default())
-        .expect("rules");
+    let rules = load_sources(
+        &[(PathBuf::from("bench.yaml"), rules.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
     let limiter = Limiter::new(
         rules,
         Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
         Arc::new(SystemClock),
         LimiterOptions::default(),
     );
-    let addresses: Vec<String> = (0..DISTINCT).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
+    let addresses: Vec<String> = (0..DISTINCT)
+        .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
+        .collect();
     let mut group = c.benchmark_group("limiter");
     group.throughput(Throughput::Elements(1));
     group.bench_function("hot_key", |b| {

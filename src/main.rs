@@ -22,7 +22,11 @@ fn check(args: CheckArgs) -> ExitCode {
     match load_paths(&args.paths, &args.load_options()) {
         Ok(rules) => {
             print!("{rules}");
-            println!("ok: {} rules in {} domains", rules.rules().len(), rules.domain_count());
+            println!(
+                "ok: {} rules in {} domains",
+                rules.rules().len(),
+                rules.domain_count()
+            );
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -46,7 +50,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(rules) => rules,
         Err(errors) => {
             eprintln!("{errors}");
-            eprintln!("tollgate: rules not loaded ({} error(s)); not starting", errors.0.len());
+            eprintln!(
+                "tollgate: rules not loaded ({} error(s)); not starting",
+                errors.0.len()
+            );
             return ExitCode::FAILURE;
         }
     };

@@ -61,7 +61,10 @@ fn cases() -> Cases {
 }
 
 fn load(files: &[String], merge_domains: bool) -> Result<RuleSet, tollgate::rules::RuleErrors> {
-    let paths: Vec<PathBuf> = files.iter().map(|f| compat_dir().join("configs").join(f)).collect();
+    let paths: Vec<PathBuf> = files
+        .iter()
+        .map(|f| compat_dir().join("configs").join(f))
+        .collect();
     load_paths(
         &paths,
         &LoadOptions {
@@ -74,23 +77,37 @@ fn load(files: &[String], merge_domains: bool) -> Result<RuleSet, tollgate::rule
 #[test]
 fn every_error_case_is_refused_naming_the_file_and_the_problem() {
     let cases = cases();
-    assert!(cases.errors.len() >= 14, "the corpus lists every refused file");
+    assert!(
+        cases.errors.len() >= 14,
+        "the corpus lists every refused file"
+    );
     for case in &cases.errors {
         let err = match load(&case.files, false) {
             Ok(_) => panic!("{:?} must be refused", case.files),
             Err(e) => e.to_string(),
         };
         let last = case.files.last().expect("a case names files");
-        assert!(err.contains(last.as_str()), "{:?}: error must name the file: {err}", case.files);
+        assert!(
+            err.contains(last.as_str()),
+            "{:?}: error must name the file: {err}",
+            case.files
+        );
         for word in &case.must_mention {
-            assert!(err.contains(word.as_str()), "{:?}: error must mention {word:?}: {err}", case.files);
+            assert!(
+                err.contains(word.as_str()),
+                "{:?}: error must mention {word:?}: {err}",
+                case.files
+            );
         }
         // Where the problem is inside the file, the error gives line and column.
         if case.files.len() == 1 && case.files[0] != "bad_yaml.yaml" {
             let located = format!("{last}:");
             let after = &err[err.find(&located).expect("file named") + located.len()..];
             assert!(
-                after.split(':').next().is_some_and(|l| l.parse::<u32>().is_ok()),
+                after
+                    .split(':')
+                    .next()
+                    .is_some_and(|l| l.parse::<u32>().is_ok()),
                 "{last}: error should carry a line number: {err}"
             );
         }
@@ -118,15 +135,33 @@ fn every_ok_case_loads_and_matches_as_the_reference() {
                     assert!(found.is_none(), "{what}: expected no limit, got {found:?}")
                 }
                 Expect::Word(w) if w == "unlimited" => {
-                    let rule = found.unwrap_or_else(|| panic!("{what}: expected unlimited")).rule;
-                    assert!(rule.limit.is_none(), "{what}: expected unlimited, got {rule}");
+                    let rule = found
+                        .unwrap_or_else(|| panic!("{what}: expected unlimited"))
+                        .rule;
+                    assert!(
+                        rule.limit.is_none(),
+                        "{what}: expected unlimited, got {rule}"
+                    );
                 }
                 Expect::Word(w) => panic!("unknown expectation {w}"),
-                Expect::Limit { requests_per_unit, unit, name, shadow_mode } => {
-                    let rule = found.unwrap_or_else(|| panic!("{what}: expected a limit")).rule;
-                    let limit = rule.limit.unwrap_or_else(|| panic!("{what}: got unlimited"));
+                Expect::Limit {
+                    requests_per_unit,
+                    unit,
+                    name,
+                    shadow_mode,
+                } => {
+                    let rule = found
+                        .unwrap_or_else(|| panic!("{what}: expected a limit"))
+                        .rule;
+                    let limit = rule
+                        .limit
+                        .unwrap_or_else(|| panic!("{what}: got unlimited"));
                     assert_eq!(limit.requests_per_unit, *requests_per_unit, "{what}");
-                    assert!(limit.unit.name().eq_ignore_ascii_case(unit), "{what}: unit {:?}", limit.unit);
+                    assert!(
+                        limit.unit.name().eq_ignore_ascii_case(unit),
+                        "{what}: unit {:?}",
+                        limit.unit
+                    );
                     if let Some(name) = name {
                         assert_eq!(rule.name.as_deref(), Some(name.as_str()), "{what}");
                     }

@@ -38,7 +38,10 @@ async fn statuses_follow_the_request_and_carry_limits() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     let r = client
-        .should_rate_limit(request("gw", &[&[("user", "a")], &[("nope", "x")], &[("org", "o")]]))
+        .should_rate_limit(request(
+            "gw",
+            &[&[("user", "a")], &[("nope", "x")], &[("org", "o")]],
+        ))
         .await
         .expect("ok")
         .into_inner();
@@ -47,7 +50,10 @@ async fn statuses_follow_the_request_and_carry_limits() {
     let user = &r.statuses[0];
     assert_eq!(user.code, Code::Ok as i32);
     let limit = user.current_limit.as_ref().expect("user limit");
-    assert_eq!((limit.name.as_str(), limit.requests_per_unit, limit.unit), ("per-user", 3, Unit::Minute as i32));
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+        ("per-user", 3, Unit::Minute as i32)
+    );
     assert_eq!(user.limit_remaining, 2);
     let reset = user.duration_until_reset.as_ref().expect("reset");
     assert!(reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0));
@@ -67,19 +73,37 @@ async fn over_limit_blocks_and_spends_nothing_from_other_descriptors() {
     let mut client = server.client().await;
     let both = request("gw", &[&[("org", "acme")], &[("user", "ann")]]);
     for _ in 0..3 {
-        let r = client.should_rate_limit(both.clone()).await.expect("ok").into_inner();
+        let r = client
+            .should_rate_limit(both.clone())
+            .await
+            .expect("ok")
+            .into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
-    let r = client.should_rate_limit(both.clone()).await.expect("ok").into_inner();
+    let r = client
+        .should_rate_limit(both.clone())
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::Ok as i32);
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
     assert_eq!(r.statuses[1].limit_remaining, 0);
-    let retry: u64 = header(&r, "retry-after").expect("retry-after").parse().expect("seconds");
+    let retry: u64 = header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
     assert!((1..=120).contains(&retry), "{retry}");
     // The refused call did not spend the org's budget: 5 - 3 = 2 left.
-    let org = client.should_rate_limit(request("gw", &[&[("org", "acme")]])).await.expect("ok").into_inner();
-    assert_eq!(org.statuses[0].limit_remaining, 1, "2 left before this call, 1 after");
+    let org = client
+        .should_rate_limit(request("gw", &[&[("org", "acme")]]))
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(
+        org.statuses[0].limit_remaining, 1,
+        "2 left before this call, 1 after"
+    );
 }
 
 #[tokio::test]
@@ -87,7 +111,11 @@ async fn shadow_mode_never_blocks() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     for _ in 0..5 {
-        let r = client.should_rate_limit(request("gw", &[&[("watch", "w")]])).await.expect("ok").into_inner();
+        let r = client
+            .should_rate_limit(request("gw", &[&[("watch", "w")]]))
+            .await
+            .expect("ok")
+            .into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert_eq!(r.statuses[0].code, Code::Ok as i32);
     }
@@ -99,18 +127,40 @@ async fn hits_addend_at_request_and_descriptor_level() {
     let mut client = server.client().await;
     let mut r = request("gw", &[&[("bucket", "b")]]);
     r.hits_addend = 3;
-    let out = client.should_rate_limit(r.clone()).await.expect("ok").into_inner();
+    let out = client
+        .should_rate_limit(r.clone())
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!(out.statuses[0].limit_remaining, 1, "burst 4 minus 3");
     // Per-descriptor 0 wins: a check that counts nothing.
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
-    let out = client.should_rate_limit(r.clone()).await.expect("ok").into_inner();
-    assert_eq!((out.overall_code, out.statuses[0].limit_remaining), (Code::Ok as i32, 1));
+    let out = client
+        .should_rate_limit(r.clone())
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(
+        (out.overall_code, out.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1)
+    );
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
-    let out = client.should_rate_limit(r.clone()).await.expect("ok").into_inner();
-    assert_eq!(out.overall_code, Code::OverLimit as i32, "2 tokens wanted, 1 left");
+    let out = client
+        .should_rate_limit(r.clone())
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(
+        out.overall_code,
+        Code::OverLimit as i32,
+        "2 tokens wanted, 1 left"
+    );
     let wait = out.statuses[0].duration_until_reset.expect("wait");
     let wait_ms = wait.seconds * 1000 + i64::from(wait.nanos / 1_000_000);
-    assert!((900..=1000).contains(&wait_ms), "one token a second: {wait:?}");
+    assert!(
+        (900..=1000).contains(&wait_ms),
+        "one token a second: {wait:?}"
+    );
 }
 
 #[tokio::test]
@@ -118,13 +168,20 @@ async fn the_limit_override_replaces_the_rule() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     let mut d = descriptor(&[("user", "over")]);
-    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: Unit::Day as i32 });
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Day as i32,
+    });
     let r = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
         domain: "gw".into(),
         descriptors: vec![d],
         hits_addend: 0,
     };
-    let first = client.should_rate_limit(r.clone()).await.expect("ok").into_inner();
+    let first = client
+        .should_rate_limit(r.clone())
+        .await
+        .expect("ok")
+        .into_inner();
     let limit = first.statuses[0].current_limit.as_ref().expect("limit");
     assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Day as i32));
     let second = client.should_rate_limit(r).await.expect("ok").into_inner();
@@ -136,11 +193,17 @@ async fn malformed_requests_get_invalid_argument_with_a_reason() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     let mut bad_unit = request("gw", &[&[("user", "x")]]);
-    bad_unit.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 0 });
+    bad_unit.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
     let cases = [
         (request("", &[&[("user", "x")]]), "domain must not be empty"),
         (request("gw", &[]), "no descriptors"),
-        (request("gw", &[&[("user", "x"), ("", "y")]]), "descriptor 0 entry 1 has an empty key"),
+        (
+            request("gw", &[&[("user", "x"), ("", "y")]]),
+            "descriptor 0 entry 1 has an empty key",
+        ),
         (bad_unit, "no valid unit"),
     ];
     for (req, reason) in cases {
@@ -149,7 +212,11 @@ async fn malformed_requests_get_invalid_argument_with_a_reason() {
         assert!(status.message().contains(reason), "{}", status.message());
     }
     // An unknown domain is OK with no limit, as in the reference.
-    let r = client.should_rate_limit(request("nobody", &[&[("user", "x")]])).await.expect("ok").into_inner();
+    let r = client
+        .should_rate_limit(request("nobody", &[&[("user", "x")]]))
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert!(r.statuses[0].current_limit.is_none());
 }
@@ -161,7 +228,11 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
         let mut calls = Vec::new();
         for i in 0..50 {
             // Several connections, so calls really run on several workers.
-            let client = if i % 5 == 0 { Some(server.client().await) } else { None };
+            let client = if i % 5 == 0 {
+                Some(server.client().await)
+            } else {
+                None
+            };
             calls.push((i, client));
         }
         let shared = server.client().await;
@@ -171,7 +242,13 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
             .map(|(_, own)| {
                 let mut client = own.unwrap_or_else(|| shared.clone());
                 let req = request("gw", &[&[("hot", key.as_str())]]);
-                tokio::spawn(async move { client.should_rate_limit(req).await.expect("ok").into_inner() })
+                tokio::spawn(async move {
+                    client
+                        .should_rate_limit(req)
+                        .await
+                        .expect("ok")
+                        .into_inner()
+                })
             })
             .collect();
         let mut admitted = 0;
@@ -188,7 +265,11 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
 async fn response_headers_can_be_switched_off() {
     let server = Tollgate::start(RULES, &["--response-headers", "off"]);
     let mut client = server.client().await;
-    let r = client.should_rate_limit(request("gw", &[&[("user", "a")]])).await.expect("ok").into_inner();
+    let r = client
+        .should_rate_limit(request("gw", &[&[("user", "a")]]))
+        .await
+        .expect("ok")
+        .into_inner();
     assert!(r.response_headers_to_add.is_empty());
 }
 
@@ -202,11 +283,16 @@ async fn health_reports_serving_and_sigterm_exits_cleanly() {
         .expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let status = health
-        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
         .await
         .expect("health")
         .into_inner();
-    assert_eq!(status.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        status.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     drop(health);
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &server.pid().to_string()])
@@ -242,14 +328,27 @@ fn a_bad_rule_file_stops_start_up_naming_file_and_line() {
 #[test]
 fn check_prints_compiled_rules_or_errors() {
     let ok = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules")])
+        .args([
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules"),
+        ])
         .output()
         .expect("run");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let stdout = String::from_utf8_lossy(&ok.stdout);
     assert!(stdout.contains("api.user: 600 per minute"), "{stdout}");
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/compat/envoy-ratelimit/configs/bad_limit_unit.yaml")])
+        .args([
+            "check",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/compat/envoy-ratelimit/configs/bad_limit_unit.yaml"
+            ),
+        ])
         .output()
         .expect("run");
     assert!(!bad.status.success());

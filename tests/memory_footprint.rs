@@ -8,14 +8,22 @@ use tollgate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("rss field");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("rss field");
     pages * 4096
 }
 
 #[test]
 fn one_million_keys_cost_at_most_100_bytes_each() {
     const KEYS: u64 = 1_000_000;
-    let quota = Quota { limit: 100, period: 3600 * NANOS_PER_SEC, burst: 100 };
+    let quota = Quota {
+        limit: 100,
+        period: 3600 * NANOS_PER_SEC,
+        burst: 100,
+    };
     let before = rss_bytes();
     let store = MemoryStore::new(MemoryStoreOptions::default());
     let now = 1_800_000_000 * NANOS_PER_SEC;
@@ -27,7 +35,9 @@ fn one_million_keys_cost_at_most_100_bytes_each() {
         let mut key = CounterKey::new("api", Algorithm::SlidingWindow, Unit::Hour);
         key.entry("remote_address", &ip);
         let mut checks = [Check::new(key, Algorithm::SlidingWindow, quota, 1, true)];
-        store.decide(&mut checks, now).expect("room for a million keys");
+        store
+            .decide(&mut checks, now)
+            .expect("room for a million keys");
     }
     assert_eq!(store.len() as u64, KEYS);
     let per_key = (rss_bytes() - before) as f64 / KEYS as f64;

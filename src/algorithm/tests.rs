@@ -56,14 +56,20 @@ fn sliding_window_admits_at_most_limit_plus_one_in_the_boundary_attack() {
     assert_eq!(before + after, 101);
     // Halfway through the next window about half a window is available
     // (the article's example: 49).
-    assert_eq!(burst(Algorithm::SlidingWindow, &mut st, &q, secs(90.0), 100), 49);
+    assert_eq!(
+        burst(Algorithm::SlidingWindow, &mut st, &q, secs(90.0), 100),
+        49
+    );
 }
 
 #[test]
 fn sliding_window_retry_after_is_exact() {
     let q = quota(10, MINUTE);
     let mut st = State::default();
-    assert_eq!(burst(Algorithm::SlidingWindow, &mut st, &q, secs(30.0), 10), 10);
+    assert_eq!(
+        burst(Algorithm::SlidingWindow, &mut st, &q, secs(30.0), 10),
+        10
+    );
     let denied = Algorithm::SlidingWindow.decide(st, &q, secs(30.0), 1);
     assert!(!denied.allowed);
     assert_eq!(denied.remaining, 0);
@@ -81,7 +87,10 @@ fn token_bucket_admits_a_full_burst_then_refills_at_the_rate() {
         burst: 10,
     };
     let mut st = State::default();
-    assert_eq!(burst(Algorithm::TokenBucket, &mut st, &q, secs(0.0), 15), 10);
+    assert_eq!(
+        burst(Algorithm::TokenBucket, &mut st, &q, secs(0.0), 15),
+        10
+    );
     let denied = Algorithm::TokenBucket.decide(st, &q, secs(0.0), 1);
     assert!(!denied.allowed);
     assert_eq!(denied.wait, NANOS_PER_SEC, "one token per second");
@@ -107,7 +116,11 @@ fn token_bucket_handles_costs_above_one() {
     assert_eq!(three.wait, NANOS_PER_SEC, "one more token is needed");
     assert!(Algorithm::TokenBucket.decide(st, &q, secs(1.0), 3).allowed);
     // A cost above the burst can never be admitted, even on a full bucket.
-    assert!(!Algorithm::TokenBucket.decide(State::default(), &q, 0, 11).allowed);
+    assert!(
+        !Algorithm::TokenBucket
+            .decide(State::default(), &q, 0, 11)
+            .allowed
+    );
 }
 
 #[test]

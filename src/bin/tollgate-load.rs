@@ -62,7 +62,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tollgate-load: {e}");
@@ -131,7 +134,11 @@ async fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         errors += e;
     }
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0);
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     println!(
         "decisions/s: {:.0}  (ok {}, errors {}, {} keys, {} connections x {} streams, {} s)",
         all.len() as f64 / o.duration.as_secs_f64(),
@@ -142,6 +149,11 @@ async fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         o.streams,
         o.duration.as_secs()
     );
-    println!("latency us: p50 {}  p99 {}  p99.9 {}", pct(0.5), pct(0.99), pct(0.999));
+    println!(
+        "latency us: p50 {}  p99 {}  p99.9 {}",
+        pct(0.5),
+        pct(0.99),
+        pct(0.999)
+    );
     Ok(())
 }

@@ -19,7 +19,9 @@ fn ceil_secs(n: Nanos) -> u64 {
 /// Writes `s` as a structured-field string (RFC 8941 sf-string).
 fn sf_string(out: &mut String, s: &str) {
     out.push('"');
-    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+    if s.bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
         out.push_str(s);
         out.push('"');
         return;
@@ -52,9 +54,19 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
             current.push_str(", ");
         }
         sf_string(&mut policy, &limit.policy);
-        let _ = write!(policy, ";q={};w={}", limit.requests_per_unit, limit.unit.seconds());
+        let _ = write!(
+            policy,
+            ";q={};w={}",
+            limit.requests_per_unit,
+            limit.unit.seconds()
+        );
         sf_string(&mut current, &limit.policy);
-        let _ = write!(current, ";r={};t={}", status.remaining, ceil_secs(status.reset));
+        let _ = write!(
+            current,
+            ";r={};t={}",
+            status.remaining,
+            ceil_secs(status.reset)
+        );
         if status.over_limit {
             retry = Some(retry.unwrap_or(0).max(status.reset));
         }

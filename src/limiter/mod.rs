@@ -143,7 +143,12 @@ struct Planned {
 
 impl Limiter {
     /// A limiter over `rules` and `store`, reading time from `clock`.
-    pub fn new(rules: RuleSet, store: Store, clock: Arc<dyn Clock>, options: LimiterOptions) -> Self {
+    pub fn new(
+        rules: RuleSet,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        options: LimiterOptions,
+    ) -> Self {
         Self {
             rules: ArcSwap::from_pointee(rules),
             store,
@@ -227,12 +232,14 @@ impl Limiter {
                 };
                 Some((None, limit, false, SmallVec::new()))
             } else {
-                rules.lookup(request.domain, &descriptor.entries).and_then(|m| {
-                    let rule = m.rule;
-                    // Unlimited rules are never counted.
-                    rule.limit
-                        .map(|limit| (Some(rule.clone()), limit, rule.shadow_mode, m.shared))
-                })
+                rules
+                    .lookup(request.domain, &descriptor.entries)
+                    .and_then(|m| {
+                        let rule = m.rule;
+                        // Unlimited rules are never counted.
+                        rule.limit
+                            .map(|limit| (Some(rule.clone()), limit, rule.shadow_mode, m.shared))
+                    })
             };
             let Some((rule, limit, shadow, shared)) = resolved else {
                 planned.push(None);
@@ -244,7 +251,13 @@ impl Limiter {
                 key.entry(k, value);
             }
             let hits = descriptor.hits_addend.unwrap_or(hits_default);
-            checks.push(Check::new(key, limit.algorithm, limit.quota(), hits, !shadow));
+            checks.push(Check::new(
+                key,
+                limit.algorithm,
+                limit.quota(),
+                hits,
+                !shadow,
+            ));
             planned.push(Some(Planned {
                 rule,
                 limit,
@@ -280,7 +293,11 @@ impl Limiter {
                 _ => {
                     let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
                     let allowed = mode == FailureMode::Allow;
-                    let remaining = if allowed { plan.limit.requests_per_unit } else { 0 };
+                    let remaining = if allowed {
+                        plan.limit.requests_per_unit
+                    } else {
+                        0
+                    };
                     (allowed, remaining, crate::clock::NANOS_PER_SEC)
                 }
             };
@@ -337,7 +354,10 @@ fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 
         .iter()
         .enumerate()
         .filter(|(_, slot)| {
-            let name = slot.as_ref().and_then(|p| p.rule.as_deref()).and_then(|r| r.name.as_deref());
+            let name = slot
+                .as_ref()
+                .and_then(|p| p.rule.as_deref())
+                .and_then(|r| r.name.as_deref());
             name.is_some_and(|name| rules().any(|r| r.replaces.iter().any(|n| n == name)))
         })
         .map(|(i, _)| i)
@@ -358,14 +378,20 @@ fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 
 
 fn validate(request: &Request<'_>) -> Result<(), LimitError> {
     if request.domain.is_empty() {
-        return Err(LimitError::InvalidArgument("rate limit domain must not be empty".into()));
+        return Err(LimitError::InvalidArgument(
+            "rate limit domain must not be empty".into(),
+        ));
     }
     if request.descriptors.is_empty() {
-        return Err(LimitError::InvalidArgument("rate limit request has no descriptors".into()));
+        return Err(LimitError::InvalidArgument(
+            "rate limit request has no descriptors".into(),
+        ));
     }
     for (i, d) in request.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
-            return Err(LimitError::InvalidArgument(format!("descriptor {i} has no entries")));
+            return Err(LimitError::InvalidArgument(format!(
+                "descriptor {i} has no entries"
+            )));
         }
         if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
             return Err(LimitError::InvalidArgument(format!(

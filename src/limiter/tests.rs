@@ -25,8 +25,11 @@ descriptors:
 ";
 
 fn limiter_with(store: MemoryStoreOptions) -> (Limiter, ManualClock) {
-    let rules = load_sources(&[(PathBuf::from("r.yaml"), RULES.into())], &LoadOptions::default())
-        .expect("rules load");
+    let rules = load_sources(
+        &[(PathBuf::from("r.yaml"), RULES.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules load");
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
     let limiter = Limiter::new(
         rules,
@@ -69,13 +72,19 @@ async fn blocked_requests_spend_nothing_from_the_other_descriptors() {
     for _ in 0..10 {
         let d = decide(&l, &both).await;
         assert!(d.over_limit);
-        assert_eq!((d.statuses[0].over_limit, d.statuses[1].over_limit), (false, true));
+        assert_eq!(
+            (d.statuses[0].over_limit, d.statuses[1].over_limit),
+            (false, true)
+        );
         assert_eq!(d.statuses[0].remaining, 3, "the org budget is untouched");
     }
     // Another user of the same org still has the org's remaining 3.
     let other = req(&[&[("org", "acme")], &[("user", "bob")]]);
     assert!(!decide(&l, &other).await.over_limit);
-    assert_eq!(decide(&l, &req(&[&[("org", "acme")]])).await.statuses[0].remaining, 1);
+    assert_eq!(
+        decide(&l, &req(&[&[("org", "acme")]])).await.statuses[0].remaining,
+        1
+    );
 }
 
 #[tokio::test]
@@ -96,7 +105,10 @@ async fn unlimited_and_unmatched_descriptors_have_no_limit() {
     assert!(!d.over_limit);
     assert!(d.statuses.iter().all(|s| s.limit.is_none()));
     assert!(d.headers.is_empty());
-    let unknown = Request { domain: "elsewhere", ..req(&[&[("user", "x")]]) };
+    let unknown = Request {
+        domain: "elsewhere",
+        ..req(&[&[("user", "x")]])
+    };
     assert!(decide(&l, &unknown).await.statuses[0].limit.is_none());
 }
 
@@ -107,8 +119,11 @@ async fn replaces_drops_the_named_limit() {
     for _ in 0..5 {
         let d = decide(&l, &r).await;
         assert!(!d.over_limit);
-        assert!(d.statuses[1].limit.is_none(), "per-user is replaced by gold");
-        assert_eq!(d.statuses[0].limit.as_ref().map(|l| l.name.as_str()), Some("gold"));
+        assert!(
+            d.statuses[1].limit.is_none(),
+            "per-user is replaced by gold"
+        );
+        assert_eq!(d.statuses[0].limit.as_ref().map(|l| &*l.name), Some("gold"));
     }
 }
 
@@ -120,7 +135,10 @@ async fn hits_addend_request_and_descriptor_level() {
     assert_eq!(decide(&l, &r).await.statuses[0].remaining, 2);
     r.descriptors[0].hits_addend = Some(0);
     let check = decide(&l, &r).await;
-    assert_eq!(check.statuses[0].remaining, 2, "0 on a descriptor checks without counting");
+    assert_eq!(
+        check.statuses[0].remaining, 2,
+        "0 on a descriptor checks without counting"
+    );
     r.descriptors[0].hits_addend = Some(3);
     assert!(decide(&l, &r).await.over_limit, "3 more than the 2 left");
     r.descriptors[0].hits_addend = Some(2);
@@ -150,14 +168,24 @@ async fn headers_follow_the_draft_and_retry_after_rounds_up() {
     assert_eq!(
         ok.headers,
         vec![
-            ("ratelimit-policy", "\"per-user\";q=2;w=60, \"api.org\";q=5;w=60".to_owned()),
-            ("ratelimit", "\"per-user\";r=1;t=48, \"api.org\";r=4;t=48".to_owned()),
+            (
+                "ratelimit-policy",
+                "\"per-user\";q=2;w=60, \"api.org\";q=5;w=60".to_owned()
+            ),
+            (
+                "ratelimit",
+                "\"per-user\";r=1;t=48, \"api.org\";r=4;t=48".to_owned()
+            ),
         ]
     );
     decide(&l, &r).await;
     let refused = decide(&l, &r).await;
     assert!(refused.over_limit);
-    let retry = refused.headers.iter().find(|h| h.0 == "retry-after").expect("retry-after");
+    let retry = refused
+        .headers
+        .iter()
+        .find(|h| h.0 == "retry-after")
+        .expect("retry-after");
     // Sliding window: 2 hits this window, none before; the next window starts in 47.7 s
     // and from then the previous 2 fade.
     let wait = refused.statuses[0].reset;
@@ -168,7 +196,10 @@ async fn headers_follow_the_draft_and_retry_after_rounds_up() {
 #[tokio::test]
 async fn store_failure_gets_each_rules_failure_mode() {
     // A store that can hold nothing: every new key fails.
-    let (l, _) = limiter_with(MemoryStoreOptions { max_keys: 0, shards: 1 });
+    let (l, _) = limiter_with(MemoryStoreOptions {
+        max_keys: 0,
+        shards: 1,
+    });
     let d = decide(&l, &req(&[&[("org", "x")]])).await;
     assert!(!d.over_limit, "server default: allow");
     let d = decide(&l, &req(&[&[("vault", "x")]])).await;
@@ -180,9 +211,18 @@ async fn store_failure_gets_each_rules_failure_mode() {
 async fn malformed_requests_name_the_problem() {
     let (l, _) = limiter();
     let cases = [
-        (Request { domain: "", ..req(&[&[("user", "x")]]) }, "domain"),
+        (
+            Request {
+                domain: "",
+                ..req(&[&[("user", "x")]])
+            },
+            "domain",
+        ),
         (req(&[]), "no descriptors"),
-        (req(&[&[("user", "x")], &[("", "y")]]), "descriptor 1 entry 0 has an empty key"),
+        (
+            req(&[&[("user", "x")], &[("", "y")]]),
+            "descriptor 1 entry 0 has an empty key",
+        ),
         (req(&[&[]]), "descriptor 0 has no entries"),
     ];
     for (r, needle) in cases {

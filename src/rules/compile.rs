@@ -9,9 +9,7 @@ use serde_saphyr::{Location, Spanned};
 use super::file::{RawDescriptor, RawFile, RawRateLimit, parse};
 use super::glob::Glob;
 use super::matcher::{KeyRules, Level, Node};
-use super::{
-    FailureMode, Limit, LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source, Unit,
-};
+use super::{FailureMode, Limit, LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source, Unit};
 use crate::algorithm::Algorithm;
 
 pub(super) struct Compiler {
@@ -140,13 +138,7 @@ impl Compiler {
                 children: Level::default(),
                 shared_pattern: share.then(|| value.clone().unwrap_or_default().into()),
             };
-            self.add_descriptors(
-                file,
-                domain,
-                &path,
-                &mut node.children,
-                children,
-            );
+            self.add_descriptors(file, domain, &path, &mut node.children, children);
 
             let rules: &mut KeyRules = level.keys.entry(Box::from(key.as_str())).or_default();
             let duplicate = match (&value, glob) {
@@ -161,9 +153,8 @@ impl Compiler {
                 }
             };
             if duplicate {
-                self.errors.push(err(format!(
-                    "duplicate descriptor composite key '{path}'"
-                )));
+                self.errors
+                    .push(err(format!("duplicate descriptor composite key '{path}'")));
             }
         }
     }
@@ -195,7 +186,9 @@ impl Compiler {
                 ),
                 Some(n) if Some(&n) == name.as_ref() => err(
                     at(&r.referenced).or(pos),
-                    format!("replaces should not contain name of same descriptor ('{n}' in '{path}')"),
+                    format!(
+                        "replaces should not contain name of same descriptor ('{n}' in '{path}')"
+                    ),
                 ),
                 Some(n) => replaces.push(n),
             }
@@ -204,14 +197,19 @@ impl Compiler {
         let limit = if rl.unlimited.unwrap_or(false) {
             for (field, p) in [
                 ("unit", rl.unit.as_ref().map(|s| &s.referenced)),
-                ("requests_per_unit", rl.requests_per_unit.as_ref().map(|s| &s.referenced)),
+                (
+                    "requests_per_unit",
+                    rl.requests_per_unit.as_ref().map(|s| &s.referenced),
+                ),
                 ("algorithm", rl.algorithm.as_ref().map(|s| &s.referenced)),
                 ("burst", rl.burst.as_ref().map(|s| &s.referenced)),
             ] {
                 if let Some(p) = p {
                     err(
                         at(p).or(pos),
-                        format!("'{path}' should not specify rate limit {field} when unlimited is true"),
+                        format!(
+                            "'{path}' should not specify rate limit {field} when unlimited is true"
+                        ),
                     );
                 }
             }
@@ -219,16 +217,24 @@ impl Compiler {
         } else {
             let unit = match &rl.unit {
                 None => {
-                    err(pos, format!("'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"));
+                    err(
+                        pos,
+                        format!(
+                            "'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"
+                        ),
+                    );
                     None
                 }
                 Some(u) => {
                     let unit = Unit::from_name(&u.value.0);
                     if unit.is_none() {
-                        err(at(&u.referenced).or(pos), format!(
-                            "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
-                            u.value.0
-                        ));
+                        err(
+                            at(&u.referenced).or(pos),
+                            format!(
+                                "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
+                                u.value.0
+                            ),
+                        );
                     }
                     unit
                 }
@@ -242,10 +248,13 @@ impl Compiler {
                 Some(a) => {
                     let alg = Algorithm::from_name(&a.value.0);
                     if alg.is_none() {
-                        err(at(&a.referenced).or(pos), format!(
-                            "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
-                            a.value.0
-                        ));
+                        err(
+                            at(&a.referenced).or(pos),
+                            format!(
+                                "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
+                                a.value.0
+                            ),
+                        );
                     }
                     alg
                 }
@@ -253,13 +262,19 @@ impl Compiler {
             let burst = match &rl.burst {
                 None => requests_per_unit,
                 Some(b) if algorithm != Some(Algorithm::TokenBucket) => {
-                    err(at(&b.referenced).or(pos), format!(
-                        "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
-                    ));
+                    err(
+                        at(&b.referenced).or(pos),
+                        format!(
+                            "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
+                        ),
+                    );
                     None
                 }
                 Some(b) if b.value.0 == 0 => {
-                    err(at(&b.referenced).or(pos), format!("'{path}' burst must be at least 1"));
+                    err(
+                        at(&b.referenced).or(pos),
+                        format!("'{path}' burst must be at least 1"),
+                    );
                     None
                 }
                 Some(b) => Some(b.value.0),
@@ -269,10 +284,13 @@ impl Compiler {
                 Some(m) => {
                     let mode = FailureMode::from_name(&m.value.0);
                     if mode.is_none() {
-                        err(at(&m.referenced).or(pos), format!(
-                            "unknown failure_mode '{}' in '{path}' (expected allow or deny)",
-                            m.value.0
-                        ));
+                        err(
+                            at(&m.referenced).or(pos),
+                            format!(
+                                "unknown failure_mode '{}' in '{path}' (expected allow or deny)",
+                                m.value.0
+                            ),
+                        );
                     }
                     mode.map(Some)
                 }

@@ -28,7 +28,9 @@ impl RuleError {
 impl fmt::Display for RuleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.at {
-            Some((line, col)) => write!(f, "{}:{line}:{col}: {}", self.file.display(), self.message),
+            Some((line, col)) => {
+                write!(f, "{}:{line}:{col}: {}", self.file.display(), self.message)
+            }
             None => write!(f, "{}: {}", self.file.display(), self.message),
         }
     }

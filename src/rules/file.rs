@@ -104,9 +104,9 @@ impl<'de> Deserialize<'de> for Count {
                 f.write_str("a whole number from 0 to 4294967295")
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
-                u32::try_from(v).map(Count).map_err(|_| {
-                    E::custom(format!("{v} is too large (at most 4294967295)"))
-                })
+                u32::try_from(v)
+                    .map(Count)
+                    .map_err(|_| E::custom(format!("{v} is too large (at most 4294967295)")))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
                 u64::try_from(v)

@@ -3,7 +3,10 @@ use std::path::PathBuf;
 use super::*;
 
 fn load(text: &str) -> Result<RuleSet, RuleErrors> {
-    load_sources(&[(PathBuf::from("rules.yaml"), text.to_owned())], &LoadOptions::default())
+    load_sources(
+        &[(PathBuf::from("rules.yaml"), text.to_owned())],
+        &LoadOptions::default(),
+    )
 }
 
 fn limit_of(rules: &RuleSet, entries: &[(&str, &str)]) -> Option<u32> {
@@ -75,7 +78,10 @@ descriptors:
 ",
     )
     .expect("loads");
-    let limit = rules.lookup("d", &[("k", "v")]).and_then(|m| m.rule.limit).expect("limit");
+    let limit = rules
+        .lookup("d", &[("k", "v")])
+        .and_then(|m| m.rule.limit)
+        .expect("limit");
     assert_eq!(limit.algorithm, crate::algorithm::Algorithm::TokenBucket);
     assert_eq!((limit.burst, limit.unit), (20, Unit::Minute));
     assert_eq!(limit.failure_mode, Some(FailureMode::Deny));
@@ -85,15 +91,24 @@ descriptors:
         ("{requests_per_unit: 5}", "no unit"),
         ("{unit: minuet, requests_per_unit: 5}", "minuet"),
         ("{unit: minute, requests_per_unit: 5, burst: 3}", "burst"),
-        ("{unit: minute, requests_per_unit: 5, algorithm: leaky}", "leaky"),
-        ("{unit: minute, requests_per_unit: 5, failure_mode: maybe}", "maybe"),
+        (
+            "{unit: minute, requests_per_unit: 5, algorithm: leaky}",
+            "leaky",
+        ),
+        (
+            "{unit: minute, requests_per_unit: 5, failure_mode: maybe}",
+            "maybe",
+        ),
         ("{unit: minute, requests_per_unit: -5}", "-5"),
         ("{unit: minute, requests_per_unit: 5, color: red}", "color"),
     ] {
         let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {yaml}\n");
         let err = load(&text).expect_err(yaml).to_string();
         assert!(err.contains(needle), "{yaml}: {err}");
-        assert!(err.starts_with("rules.yaml:4:"), "{yaml}: names file and line: {err}");
+        assert!(
+            err.starts_with("rules.yaml:4:"),
+            "{yaml}: names file and line: {err}"
+        );
     }
     let misplaced = load("domain: d\ndescriptors:\n  - key: k\n    algorithm: fixed_window\n")
         .expect_err("algorithm belongs inside rate_limit");
@@ -108,7 +123,10 @@ fn default_algorithm_comes_from_the_options() {
         ..LoadOptions::default()
     };
     let rules = load_sources(&[(PathBuf::from("a.yaml"), text.into())], &options).expect("loads");
-    let limit = rules.lookup("d", &[("k", "v")]).and_then(|m| m.rule.limit).expect("limit");
+    let limit = rules
+        .lookup("d", &[("k", "v")])
+        .and_then(|m| m.rule.limit)
+        .expect("limit");
     assert_eq!(limit.algorithm, crate::algorithm::Algorithm::FixedWindow);
 }
 

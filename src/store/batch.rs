@@ -29,7 +29,13 @@ pub struct Check {
 
 impl Check {
     /// A check with no outcome yet.
-    pub fn new(key: CounterKey, algorithm: Algorithm, quota: Quota, hits: u64, enforced: bool) -> Self {
+    pub fn new(
+        key: CounterKey,
+        algorithm: Algorithm,
+        quota: Quota,
+        hits: u64,
+        enforced: bool,
+    ) -> Self {
         Self {
             key,
             algorithm,

@@ -91,7 +91,8 @@ impl MemoryStore {
     /// A store with a random hash seed.
     pub fn new(options: MemoryStoreOptions) -> Self {
         // A per-process seed keeps keys' placement unpredictable to clients.
-        let seed = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u64);
+        let seed =
+            std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u64);
         Self::with_hasher(options, seed, xxh3)
     }
 
@@ -138,10 +139,14 @@ impl MemoryStore {
         }
         let commits = decide_batch(checks, &states, now);
         let now_secs = (now / NANOS_PER_SEC) as u32;
-        for ((commit, place), (check, &(shard, _, _))) in
-            commits.into_iter().zip(&places).zip(checks.iter().zip(&located))
+        for ((commit, place), (check, &(shard, _, _))) in commits
+            .into_iter()
+            .zip(&places)
+            .zip(checks.iter().zip(&located))
         {
-            let Some((state, expires)) = commit else { continue };
+            let Some((state, expires)) = commit else {
+                continue;
+            };
             let expires = u32::try_from(expires.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
             let guard = &mut guards[shard_of(shard)].1;
             self.write(guard, place, &check.key, state, expires, now_secs)?;
@@ -227,10 +232,11 @@ impl MemoryStore {
 fn find(shard: &Shard, key: &CounterKey, hash: u64, tag: u32) -> (Place, State) {
     // A key lives in the overflow map only after colliding; look there first
     // so it is found even after the entry it collided with has expired.
-    if !shard.overflow.is_empty() {
-        if let Some(slot) = shard.overflow.get(key.as_bytes()) {
-            return (Place::Overflow, slot.state);
-        }
+    if let Some(slot) = (!shard.overflow.is_empty())
+        .then(|| shard.overflow.get(key.as_bytes()))
+        .flatten()
+    {
+        return (Place::Overflow, slot.state);
     }
     match shard.table.find(hash, |e| e.hash == hash) {
         Some(e) if e.check == tag => (Place::Table(hash, tag), e.state),

@@ -26,7 +26,9 @@ fn check(name: &str, limit: u32) -> Check {
 
 fn admit(store: &MemoryStore, name: &str, limit: u32, now: Nanos) -> bool {
     let mut checks = [check(name, limit)];
-    store.decide(&mut checks, now).expect("memory store decides");
+    store
+        .decide(&mut checks, now)
+        .expect("memory store decides");
     checks[0].outcome.expect("decided").allowed
 }
 
@@ -58,7 +60,11 @@ fn collided_key_survives_the_expiry_of_the_first() {
     // bob collides into the overflow map, in the next minute.
     assert!(admit(&store, "bob", 1, 61 * SEC));
     // alice's entry expires and is swept; bob's state must still be found.
-    assert_eq!(store.sweep(100 * SEC), 1, "alice's window is over, bob's is not");
+    assert_eq!(
+        store.sweep(100 * SEC),
+        1,
+        "alice's window is over, bob's is not"
+    );
     assert!(!admit(&store, "bob", 1, 61 * SEC));
 }
 
