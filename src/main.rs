@@ -7,8 +7,9 @@ use clap::Parser;
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{Limiter, LimiterOptions};
 use tollgate::rules::load_paths;
-use tollgate::settings::{CheckArgs, Cli, Command, OnOff, ServeArgs};
-use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+use tollgate::settings::{CheckArgs, Cli, Command, OnOff, OnStoreError, ServeArgs, StoreKind};
+use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -37,6 +38,39 @@ fn check(args: CheckArgs) -> ExitCode {
     }
 }
 
+fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
+    let target = match args.store {
+        StoreKind::Memory => {
+            return Ok(Store::Memory(MemoryStore::new(MemoryStoreOptions {
+                max_keys: args.max_keys,
+                ..MemoryStoreOptions::default()
+            })));
+        }
+        StoreKind::Redis => RedisTarget::Standalone(args.redis_url.clone()),
+        StoreKind::RedisCluster => RedisTarget::Cluster(
+            args.redis_url.split(',').map(|s| s.trim().to_owned()).collect(),
+        ),
+    };
+    let mut options = RedisOptions::new(target);
+    options.timeout = args.redis_timeout;
+    options.prefix = args.redis_prefix.clone();
+    options.breaker_threshold = args.redis_breaker.max(1);
+    options.over_limit_cache = args.over_limit_cache == OnOff::On;
+    let store = RedisStore::new(options)?;
+    // Redis being down at start is an outage like any other: start, answer
+    // from the failure modes, and say so.
+    let probe = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::Config(e.to_string()))?
+        .block_on(store.ping());
+    match probe {
+        Ok(()) => tracing::info!(url = %args.redis_url, "Redis answers"),
+        Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),
+    }
+    Ok(Store::Redis(store))
+}
+
 fn serve(args: ServeArgs) -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -63,14 +97,19 @@ fn serve(args: ServeArgs) -> ExitCode {
         paths = ?paths,
         "rules loaded"
     );
-    let store = Store::Memory(MemoryStore::new(MemoryStoreOptions {
-        max_keys: args.max_keys,
-        ..MemoryStoreOptions::default()
-    }));
+    let store = match build_store(&args) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("tollgate: {e}; not starting");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = LimiterOptions {
         failure_mode: args.failure_mode.into(),
         response_headers: args.response_headers == OnOff::On,
         default_algorithm: args.default_algorithm.into(),
+        unavailable_on_store_error: args.on_store_error == OnStoreError::Unavailable,
+        instances: args.instances,
     };
     let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
     let workers = args

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -64,6 +65,42 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_WORKERS")]
     pub workers: Option<usize>,
 
+    /// Where counters live.
+    #[arg(long, env = "TOLLGATE_STORE", value_enum, default_value_t = StoreKind::Memory)]
+    pub store: StoreKind,
+
+    /// Redis URL (`redis://[user:password@]host:port[/db]`, `rediss://` for
+    /// TLS); for a cluster, a comma-separated list of seed nodes.
+    #[arg(long, env = "TOLLGATE_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+
+    /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
+    #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
+    pub redis_timeout: Duration,
+
+    /// Prefix of every Redis key.
+    #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate:")]
+    pub redis_prefix: String,
+
+    /// Redis failures in a row after which Tollgate stops waiting on Redis
+    /// and probes it in the background.
+    #[arg(long, env = "TOLLGATE_REDIS_BREAKER", default_value_t = 5)]
+    pub redis_breaker: u32,
+
+    /// Answer keys known to be over their limit from memory until they reset.
+    #[arg(long, env = "TOLLGATE_OVER_LIMIT_CACHE", value_enum, default_value_t = OnOff::Off)]
+    pub over_limit_cache: OnOff,
+
+    /// On a store failure: apply each rule's failure mode, or answer gRPC
+    /// UNAVAILABLE as the reference does (Envoy's failure_mode_deny decides).
+    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::FailureMode)]
+    pub on_store_error: OnStoreError,
+
+    /// Tollgate instances sharing the store; the `local` failure mode allows
+    /// requests_per_unit / instances per instance.
+    #[arg(long, env = "TOLLGATE_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub instances: u32,
+
     /// Log filter (tracing syntax, e.g. `info` or `tollgate=debug`).
     #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -120,6 +157,50 @@ pub enum FailureModeArg {
     Allow,
     /// Fail closed.
     Deny,
+    /// An in-process limit of requests_per_unit / --instances.
+    Local,
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// In this process.
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// Redis Cluster.
+    RedisCluster,
+}
+
+/// What a store failure turns into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnStoreError {
+    /// Each rule's failure mode (server default --failure-mode).
+    FailureMode,
+    /// gRPC UNAVAILABLE, as envoyproxy/ratelimit.
+    Unavailable,
+}
+
+/// Parses `250us`, `10ms`, `2s` or `1m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .ok_or_else(|| format!("'{text}' needs a unit (us, ms, s or m)"))?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' does not start with a number"))?;
+    let seconds = match unit {
+        "us" | "µs" => value / 1e6,
+        "ms" => value / 1e3,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("'{text}': unknown unit '{unit}' (use us, ms, s or m)")),
+    };
+    if seconds <= 0.0 || seconds > 3600.0 {
+        return Err(format!("'{text}' must be above zero and at most an hour"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 impl From<FailureModeArg> for FailureMode {
@@ -127,6 +208,7 @@ impl From<FailureModeArg> for FailureMode {
         match m {
             FailureModeArg::Allow => FailureMode::Allow,
             FailureModeArg::Deny => FailureMode::Deny,
+            FailureModeArg::Local => FailureMode::Local,
         }
     }
 }

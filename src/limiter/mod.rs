@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
-use crate::store::{Check, CounterKey, Store, StoreError};
+use crate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 pub use headers::response_headers;
 
@@ -93,6 +93,10 @@ pub enum LimitError {
     /// The request itself is malformed.
     #[error("{0}")]
     InvalidArgument(String),
+    /// The store failed and the operator asked for the reference's behaviour
+    /// (an error, so that Envoy's `failure_mode_deny` decides).
+    #[error("rate limit store unavailable: {0}")]
+    Unavailable(StoreError),
 }
 
 /// Server-wide limiter settings.
@@ -104,6 +108,12 @@ pub struct LimiterOptions {
     pub response_headers: bool,
     /// Algorithm for limits sent in requests (`RateLimitOverride`).
     pub default_algorithm: Algorithm,
+    /// On a store failure, answer gRPC UNAVAILABLE instead of applying the
+    /// failure modes (the reference's behaviour).
+    pub unavailable_on_store_error: bool,
+    /// Tollgate instances sharing the store: the `local` failure mode allows
+    /// `requests_per_unit / instances` per instance.
+    pub instances: u32,
 }
 
 impl Default for LimiterOptions {
@@ -112,6 +122,8 @@ impl Default for LimiterOptions {
             failure_mode: FailureMode::Allow,
             response_headers: true,
             default_algorithm: Algorithm::SlidingWindow,
+            unavailable_on_store_error: false,
+            instances: 1,
         }
     }
 }
@@ -120,6 +132,8 @@ impl Default for LimiterOptions {
 pub struct Limiter {
     rules: ArcSwap<RuleSet>,
     store: Store,
+    /// Where the `local` failure mode counts while the store is down.
+    fallback: MemoryStore,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
 }
@@ -152,6 +166,7 @@ impl Limiter {
         Self {
             rules: ArcSwap::from_pointee(rules),
             store,
+            fallback: MemoryStore::new(MemoryStoreOptions::default()),
             clock,
             options,
         }
@@ -186,7 +201,7 @@ impl Limiter {
             let now = self.clock.now();
             self.store.decide(&mut plan.checks, now).await.err()
         };
-        Ok(self.finish(plan, failed))
+        self.finish(plan, failed)
     }
 
     /// Decides a request at once when the store can answer without waiting
@@ -207,7 +222,7 @@ impl Limiter {
             let now = self.clock.now();
             self.store.decide_now(&mut plan.checks, now)?.err()
         };
-        Some(Ok(self.finish(plan, failed)))
+        Some(self.finish(plan, failed))
     }
 
     /// Resolves every descriptor to a limit (or none) and builds the store checks.
@@ -270,10 +285,14 @@ impl Limiter {
     }
 
     /// Turns the store's outcomes (or its failure) into the decision.
-    fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Decision {
-        let Plan { planned, checks } = plan;
-        if let Some(err) = &failed {
+    fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Result<Decision, LimitError> {
+        let Plan { planned, mut checks } = plan;
+        if let Some(err) = failed {
+            if self.options.unavailable_on_store_error {
+                return Err(LimitError::Unavailable(err));
+            }
             tracing::debug!(%err, "store failed; answering from failure modes");
+            self.apply_failure_modes(&planned, &mut checks);
         }
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over_limit = false;
@@ -287,19 +306,9 @@ impl Limiter {
                 });
                 continue;
             };
-            let (allowed, remaining, reset) = match (&failed, checks[plan.check].outcome) {
-                (None, Some(o)) => (o.allowed, o.remaining, o.wait),
-                // The store could not decide: the rule's failure mode answers.
-                _ => {
-                    let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
-                    let allowed = mode == FailureMode::Allow;
-                    let remaining = if allowed {
-                        plan.limit.requests_per_unit
-                    } else {
-                        0
-                    };
-                    (allowed, remaining, crate::clock::NANOS_PER_SEC)
-                }
+            let (allowed, remaining, reset) = match checks[plan.check].outcome {
+                Some(o) => (o.allowed, o.remaining, o.wait),
+                None => (true, plan.limit.requests_per_unit, 0),
             };
             let over = !allowed && !plan.shadow;
             over_limit |= over;
@@ -315,10 +324,50 @@ impl Limiter {
         } else {
             Vec::new()
         };
-        Decision {
+        Ok(Decision {
             over_limit,
             statuses,
             headers,
+        })
+    }
+
+    /// The store could not decide: each descriptor gets its rule's failure
+    /// mode. `local` ones are decided together on the in-process fallback,
+    /// with the limit divided by the number of instances (rounded up, so a
+    /// limit is never cut to zero).
+    fn apply_failure_modes(&self, planned: &[Option<Planned>], checks: &mut [Check]) {
+        let mut local: SmallVec<[Check; 4]> = SmallVec::new();
+        let mut local_of: SmallVec<[usize; 4]> = SmallVec::new();
+        for plan in planned.iter().flatten() {
+            let check = &mut checks[plan.check];
+            let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
+            let allowed = mode == FailureMode::Allow;
+            check.outcome = Some(crate::algorithm::Outcome {
+                allowed,
+                remaining: if allowed { plan.limit.requests_per_unit } else { 0 },
+                wait: crate::clock::NANOS_PER_SEC,
+                commit: None,
+            });
+            if mode == FailureMode::Local {
+                let mut quota = check.quota;
+                let n = self.options.instances.max(1);
+                quota.limit = quota.limit.div_ceil(n);
+                quota.burst = quota.burst.div_ceil(n).max(1);
+                local.push(Check::new(check.key.clone(), check.algorithm, quota, check.hits, check.enforced));
+                local_of.push(plan.check);
+            }
+        }
+        if local.is_empty() {
+            return;
+        }
+        let decided = self.fallback.decide(&mut local, self.clock.now());
+        for (check, &i) in local.iter().zip(&local_of) {
+            // The fallback is bounded like any memory store; if even it is
+            // full, the descriptor is refused rather than left unlimited.
+            checks[i].outcome = match decided {
+                Ok(()) => check.outcome,
+                Err(_) => checks[i].outcome.map(|o| crate::algorithm::Outcome { allowed: false, remaining: 0, ..o }),
+            };
         }
     }
 }

@@ -58,6 +58,9 @@ impl RateLimitService for RlsService {
             Ok(decision) => Ok(Response::new(to_proto(decision))),
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
+            // Chosen by the operator (the reference's behaviour): Envoy then
+            // applies its own `failure_mode_deny`.
+            Err(e @ LimitError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
         }
     }
 }

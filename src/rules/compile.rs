@@ -287,7 +287,7 @@ impl Compiler {
                         err(
                             at(&m.referenced).or(pos),
                             format!(
-                                "unknown failure_mode '{}' in '{path}' (expected allow or deny)",
+                                "unknown failure_mode '{}' in '{path}' (expected allow, deny or local)",
                                 m.value.0
                             ),
                         );

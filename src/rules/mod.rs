@@ -97,6 +97,8 @@ pub enum FailureMode {
     Allow,
     /// Fail closed: refuse the request.
     Deny,
+    /// Fall back to an in-process limit of `requests_per_unit / instances`.
+    Local,
 }
 
 impl FailureMode {
@@ -105,6 +107,7 @@ impl FailureMode {
         match name {
             "allow" => Some(FailureMode::Allow),
             "deny" => Some(FailureMode::Deny),
+            "local" => Some(FailureMode::Local),
             _ => None,
         }
     }

@@ -45,4 +45,77 @@ impl CounterKey {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
+
+    /// The key's parts, read back from the canonical bytes.
+    pub fn parts(&self) -> KeyParts<'_> {
+        let mut rest = self.as_bytes();
+        let mut field = || -> &str {
+            let len = rest
+                .get(..4)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            let bytes = rest.get(4..4 + len).unwrap_or_default();
+            rest = rest.get(4 + len..).unwrap_or_default();
+            // Built from `&str`s above, so always UTF-8.
+            std::str::from_utf8(bytes).unwrap_or_default()
+        };
+        let domain = field();
+        let (algorithm, unit) = match rest {
+            [a, u, tail @ ..] => {
+                let parsed = (
+                    Algorithm::ALL.get(usize::from(*a)).copied(),
+                    Unit::ALL.get(usize::from(*u)).copied(),
+                );
+                rest = tail;
+                parsed
+            }
+            _ => (None, None),
+        };
+        let mut entries = SmallVec::new();
+        let mut field = || -> Option<&str> {
+            let len = rest
+                .get(..4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)?;
+            let bytes = rest.get(4..4 + len)?;
+            rest = rest.get(4 + len..).unwrap_or_default();
+            std::str::from_utf8(bytes).ok()
+        };
+        while let (Some(k), Some(v)) = (field(), field()) {
+            entries.push((k, v));
+        }
+        KeyParts {
+            domain,
+            algorithm: algorithm.unwrap_or(Algorithm::SlidingWindow),
+            unit: unit.unwrap_or(Unit::Second),
+            entries,
+        }
+    }
+}
+
+/// A counter key's parts (see [`CounterKey::parts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyParts<'a> {
+    /// The domain.
+    pub domain: &'a str,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The unit.
+    pub unit: Unit,
+    /// The descriptor entries (with shared wildcard values already substituted).
+    pub entries: SmallVec<[(&'a str, &'a str); 4]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_read_back_what_was_written() {
+        let mut key = CounterKey::new("api", Algorithm::TokenBucket, Unit::Week);
+        key.entry("user", "a|b=c");
+        key.entry("", "");
+        let parts = key.parts();
+        assert_eq!(parts.domain, "api");
+        assert_eq!((parts.algorithm, parts.unit), (Algorithm::TokenBucket, Unit::Week));
+        assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
+    }
 }

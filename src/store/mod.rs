@@ -5,9 +5,10 @@
 mod batch;
 mod key;
 pub mod memory;
+pub mod redis;
 
 pub use batch::{Check, Commits, decide_batch};
-pub use key::CounterKey;
+pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
 
 use crate::clock::Nanos;
@@ -21,13 +22,35 @@ pub enum StoreError {
         /// The configured cap.
         max_keys: usize,
     },
+    /// Redis did not answer within the timeout.
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// Redis failed repeatedly; calls are not attempted until a probe succeeds.
+    #[error("Redis is unavailable (circuit open, probing in the background)")]
+    CircuitOpen,
+    /// Redis answered with an error, or the connection failed.
+    #[error("Redis error: {message}")]
+    Redis {
+        /// What Redis or the connection said.
+        message: String,
+        /// Whether a retry may succeed.
+        transient: bool,
+    },
+    /// The script answered something it never should.
+    #[error("{0}")]
+    Script(String),
+    /// The store is misconfigured.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl StoreError {
     /// Whether retrying later may succeed (what the failure mode acts on).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Full { .. } => true,
+            StoreError::Full { .. } | StoreError::Timeout(_) | StoreError::CircuitOpen => true,
+            StoreError::Redis { transient, .. } => *transient,
+            StoreError::Script(_) | StoreError::Config(_) => false,
         }
     }
 }
@@ -37,6 +60,8 @@ impl StoreError {
 pub enum Store {
     /// The embedded, in-process store.
     Memory(MemoryStore),
+    /// Redis or Redis Cluster.
+    Redis(redis::RedisStore),
 }
 
 impl Store {
@@ -44,6 +69,7 @@ impl Store {
     pub async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
         match self {
             Store::Memory(store) => store.decide(checks, now),
+            Store::Redis(store) => store.decide(checks, now).await,
         }
     }
 
@@ -56,6 +82,7 @@ impl Store {
     pub fn decide_now(&self, checks: &mut [Check], now: Nanos) -> Option<Result<(), StoreError>> {
         match self {
             Store::Memory(store) => Some(store.decide(checks, now)),
+            Store::Redis(_) => None,
         }
     }
 
@@ -63,6 +90,8 @@ impl Store {
     pub fn sweep(&self, now: Nanos) -> usize {
         match self {
             Store::Memory(store) => store.sweep(now),
+            // Redis expires its own keys.
+            Store::Redis(_) => 0,
         }
     }
 }

@@ -1,0 +1,444 @@
+//! Redis and Redis Cluster: one Lua script call per request (per hash slot in
+//! Cluster), deciding every check of the request together.
+//!
+//! **Time** comes from the caller (Tollgate's clock), not from Redis `TIME`:
+//! key names carry the window number, and Redis Cluster routes a script by
+//! the keys declared before it runs, so the caller must know the window. The
+//! price is that instances' clocks must agree (NTP keeps them within
+//! milliseconds, small against windows of a second or more).
+//!
+//! **Connections** are the `redis` crate's multiplexed async connections, one
+//! per worker thread (made on first use, on that thread's runtime), so the
+//! calls of concurrent requests on a worker are pipelined on one connection
+//! with no cross-thread hops. They reconnect by themselves.
+//!
+//! **Failure**: every call has a timeout. After `breaker_threshold` failures in
+//! a row the store stops calling Redis (each decision fails at once, and the
+//! limiter answers from the failure modes) and probes Redis in the background
+//! until it answers. The outage and the recovery are logged once each.
+
+mod keys;
+mod over_limit;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script, Value};
+use smallvec::SmallVec;
+
+use super::{Check, StoreError};
+use crate::algorithm::{Algorithm, Outcome};
+use crate::clock::Nanos;
+use keys::{key_names, script_code, slot};
+pub use over_limit::OverLimitCache;
+
+const ALGORITHMS: &str = concat!(
+    "local ALGORITHMS = {}\n",
+    include_str!("fixed_window.lua"),
+    include_str!("sliding_window.lua"),
+    include_str!("token_bucket.lua"),
+);
+
+/// The script sent to Redis: the three algorithms, then the batch driver.
+fn batch_script() -> Script {
+    Script::new(&format!("{ALGORITHMS}{}", include_str!("batch.lua")))
+}
+
+/// Which Redis deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One Redis server (`redis://` or `rediss://` URL).
+    Standalone(String),
+    /// Redis Cluster seed nodes.
+    Cluster(Vec<String>),
+}
+
+/// How the Redis store behaves.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Where Redis is.
+    pub target: RedisTarget,
+    /// Prefix of every key.
+    pub prefix: String,
+    /// Longest wait for one call (connect included).
+    pub timeout: Duration,
+    /// Failures in a row that open the circuit.
+    pub breaker_threshold: u32,
+    /// How often an open circuit probes Redis.
+    pub probe_interval: Duration,
+    /// Cache keys known to be over their limit until they reset.
+    pub over_limit_cache: bool,
+}
+
+impl RedisOptions {
+    /// Options for `target` with the defaults.
+    pub fn new(target: RedisTarget) -> Self {
+        Self {
+            target,
+            prefix: "tollgate:".into(),
+            timeout: Duration::from_millis(10),
+            breaker_threshold: 5,
+            probe_interval: Duration::from_millis(250),
+            over_limit_cache: false,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn invoke(&mut self, inv: &redis::ScriptInvocation<'_>) -> Result<Value, RedisError> {
+        match self {
+            Conn::Standalone(c) => inv.invoke_async(c).await,
+            Conn::Cluster(c) => inv.invoke_async(c).await,
+        }
+    }
+
+    async fn ping(&mut self) -> Result<(), RedisError> {
+        let cmd = redis::cmd("PING");
+        match self {
+            Conn::Standalone(c) => c.req_packed_command(&cmd).await.map(drop),
+            Conn::Cluster(c) => c.req_packed_command(&cmd).await.map(drop),
+        }
+    }
+}
+
+struct Inner {
+    id: usize,
+    options: RedisOptions,
+    batch: Script,
+    refund: Script,
+    failures: AtomicU32,
+    open: AtomicBool,
+    /// Bumped after an outage so that threads drop their old connections.
+    generation: AtomicUsize,
+    over_limit: Option<OverLimitCache>,
+}
+
+/// The Redis or Redis Cluster store.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.inner.options.target)
+            .field("circuit_open", &self.inner.open.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's connection to each store (by store id).
+    static CONNECTIONS: RefCell<HashMap<usize, (usize, Conn)>> = RefCell::new(HashMap::new());
+}
+
+/// One hash slot's share of a request.
+struct Group {
+    checks: SmallVec<[usize; 4]>,
+    keys: SmallVec<[String; 4]>,
+}
+
+impl RedisStore {
+    /// A store for `options`. Connects lazily; see [`RedisStore::ping`].
+    pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
+        // Validate the target now, so a bad URL stops start-up.
+        match &options.target {
+            RedisTarget::Standalone(url) => {
+                redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+            }
+            RedisTarget::Cluster(nodes) => {
+                redis::cluster::ClusterClient::new(nodes.clone())
+                    .map_err(|e| config_error(&nodes.join(","), &e))?;
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                over_limit: options.over_limit_cache.then(OverLimitCache::default),
+                options,
+                batch: batch_script(),
+                refund: Script::new(include_str!("refund.lua")),
+                failures: AtomicU32::new(0),
+                open: AtomicBool::new(false),
+                generation: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// Whether the circuit is open (Redis considered down).
+    pub fn circuit_open(&self) -> bool {
+        self.inner.open.load(Ordering::Relaxed)
+    }
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        let timeout = self.inner.options.timeout;
+        match &self.inner.options.target {
+            RedisTarget::Standalone(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(1);
+                Ok(Conn::Standalone(
+                    ConnectionManager::new_with_config(client, config).await?,
+                ))
+            }
+            RedisTarget::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(1)
+                    .build()?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// This thread's connection, made on first use.
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        let id = self.inner.id;
+        let generation = self.inner.generation.load(Ordering::Acquire);
+        let cached = CONNECTIONS.with(|c| c.borrow().get(&id).cloned());
+        if let Some((_, conn)) = cached.filter(|(g, _)| *g == generation) {
+            return Ok(conn);
+        }
+        let conn = self.timed(self.connect()).await?;
+        CONNECTIONS.with(|c| c.borrow_mut().insert(id, (generation, conn.clone())));
+        Ok(conn)
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.options.timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(redis_error(&e)),
+            Err(_) => Err(StoreError::Timeout(self.inner.options.timeout)),
+        }
+    }
+
+    /// Connects afresh and sends PING, within the store's timeout. A fresh
+    /// connection, because a cached one may be stuck reconnecting.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.timed(self.connect()).await?;
+        self.timed(conn.ping()).await
+    }
+
+    /// Decides `checks` at `now`, all or nothing.
+    pub async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        if self.circuit_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        if let Some(cache) = &self.inner.over_limit {
+            if cache.answer(checks, now) {
+                return Ok(());
+            }
+        }
+        let result = self.call(checks, now).await;
+        match &result {
+            Ok(()) => {
+                self.inner.failures.store(0, Ordering::Relaxed);
+                if let Some(cache) = &self.inner.over_limit {
+                    cache.remember(checks, now);
+                }
+            }
+            Err(e) if e.is_transient() => self.failed(e),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn failed(&self, error: &StoreError) {
+        let failures = self.inner.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < self.inner.options.breaker_threshold
+            || self.inner.open.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        tracing::error!(
+            %error, failures,
+            "Redis unavailable: answering from failure modes without waiting until it is back"
+        );
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut attempts = 0u64;
+            loop {
+                tokio::time::sleep(store.inner.options.probe_interval).await;
+                attempts += 1;
+                if store.ping().await.is_ok() {
+                    // Connections made before the outage may be stuck
+                    // reconnecting: each worker makes a new one on next use.
+                    store.inner.generation.fetch_add(1, Ordering::AcqRel);
+                    store.inner.failures.store(0, Ordering::Relaxed);
+                    store.inner.open.store(false, Ordering::Release);
+                    tracing::info!(probes = attempts, "Redis is back: deciding through Redis again");
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn call(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
+        let mut groups: SmallVec<[(u16, Group); 2]> = SmallVec::new();
+        for (i, check) in checks.iter().enumerate() {
+            let (names, n) = key_names(&self.inner.options.prefix, &check.key, now);
+            let slot = if cluster { slot(&names[0]) } else { 0 };
+            let group = match groups.iter().position(|(s, _)| *s == slot) {
+                Some(g) => &mut groups[g].1,
+                None => {
+                    groups.push((
+                        slot,
+                        Group {
+                            checks: SmallVec::new(),
+                            keys: SmallVec::new(),
+                        },
+                    ));
+                    &mut groups.last_mut().expect("just pushed").1
+                }
+            };
+            group.checks.push(i);
+            group.keys.extend(names.into_iter().take(n));
+        }
+        let mut conn = self.conn().await?;
+        let now_us = now / 1_000;
+        let calls = groups.iter().map(|(_, group)| {
+            let mut inv = self.inner.batch.prepare_invoke();
+            inv.arg(now_us);
+            for key in &group.keys {
+                inv.key(key);
+            }
+            for &i in &group.checks {
+                let c = &checks[i];
+                inv.arg(script_code(c.algorithm))
+                    .arg(c.quota.limit)
+                    .arg(c.quota.period / 1_000)
+                    .arg(c.quota.burst)
+                    .arg(c.hits)
+                    .arg(if c.enforced { "1" } else { "0" });
+            }
+            let mut conn = conn.clone();
+            async move { self.timed(async { conn.invoke(&inv).await }).await }
+        });
+        let replies = join_all(calls).await;
+        for ((_, group), reply) in groups.iter().zip(replies) {
+            let rows = parse_reply(reply?, group.checks.len())?;
+            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows) {
+                checks[i].outcome = Some(Outcome {
+                    allowed,
+                    remaining,
+                    wait: wait_us.saturating_mul(1_000),
+                    commit: None,
+                });
+            }
+        }
+        if groups.len() > 1 {
+            self.keep_all_or_nothing(&mut conn, checks, &groups).await?;
+        }
+        Ok(())
+    }
+
+    /// Across hash slots each script call is all or nothing on its own; when
+    /// one slot refused the request, the hits the others committed are given
+    /// back, so the request as a whole spends nothing.
+    async fn keep_all_or_nothing(
+        &self,
+        conn: &mut Conn,
+        checks: &[Check],
+        groups: &[(u16, Group)],
+    ) -> Result<(), StoreError> {
+        let denied = |i: &usize| {
+            checks[*i].enforced && checks[*i].outcome.is_some_and(|o| !o.allowed)
+        };
+        if !groups.iter().any(|(_, g)| g.checks.iter().any(denied)) {
+            return Ok(());
+        }
+        let refunds = groups
+            .iter()
+            .filter(|(_, g)| !g.checks.iter().any(denied))
+            .map(|(_, group)| {
+                let mut inv = self.inner.refund.prepare_invoke();
+                let mut k = 0;
+                for &i in &group.checks {
+                    let c = &checks[i];
+                    let n = if c.algorithm == Algorithm::SlidingWindow { 2 } else { 1 };
+                    for key in &group.keys[k..k + n] {
+                        inv.key(key);
+                    }
+                    k += n;
+                    let committed = if c.outcome.is_some_and(|o| o.allowed) { c.hits } else { 0 };
+                    let interval = c.quota.period / 1_000 / u64::from(c.quota.limit.max(1));
+                    inv.arg(script_code(c.algorithm)).arg(committed).arg(interval.max(1));
+                }
+                let mut conn = conn.clone();
+                async move { self.timed(async { conn.invoke::<>(&inv).await }).await }
+            });
+        for refund in join_all(refunds).await {
+            refund?;
+        }
+        Ok(())
+    }
+}
+
+fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, StoreError> {
+    let bad = || StoreError::Script(format!("unexpected reply from the batch script: {value:?}"));
+    let Value::Array(rows) = &value else { return Err(bad()) };
+    if rows.len() != expected {
+        return Err(bad());
+    }
+    rows.iter()
+        .map(|row| match row {
+            Value::Array(cols) => match cols.as_slice() {
+                [Value::Int(a), Value::Int(r), Value::Int(w)] => Ok((
+                    *a == 1,
+                    u32::try_from(*r).unwrap_or(if *r < 0 { 0 } else { u32::MAX }),
+                    u64::try_from(*w).unwrap_or(0),
+                )),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+fn redis_error(e: &RedisError) -> StoreError {
+    let transient = e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_io_error()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        );
+    StoreError::Redis {
+        message: e.to_string(),
+        transient,
+    }
+}
+
+fn config_error(target: &str, e: &RedisError) -> StoreError {
+    StoreError::Config(format!("invalid Redis address '{target}': {e}"))
+}

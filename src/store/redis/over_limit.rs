@@ -1,0 +1,77 @@
+//! Keys known to be over their limit, answered without a Redis round trip
+//! until the time Redis said a request would next be admitted. Under attack
+//! this keeps the flood of refused calls off Redis.
+//!
+//! Only single-hit denials are remembered: their wait is exactly when one hit
+//! becomes possible, and traffic from other instances can only push that
+//! later, so the cache never admits what Redis would refuse.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use crate::clock::Nanos;
+use crate::store::Check;
+use crate::algorithm::Outcome;
+
+const SHARDS: usize = 16;
+/// Entries per shard before expired ones are dropped (and, if still full,
+/// new ones are not remembered).
+const SHARD_CAP: usize = 65_536;
+
+/// The over-limit cache.
+#[derive(Debug, Default)]
+pub struct OverLimitCache {
+    shards: [Mutex<HashMap<u64, Nanos>>; SHARDS],
+}
+
+fn id(check: &Check) -> u64 {
+    // The limit is part of the identity: an override with another limit is
+    // another question.
+    xxhash_rust::xxh3::xxh3_64_with_seed(check.key.as_bytes(), u64::from(check.quota.limit))
+}
+
+impl OverLimitCache {
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Nanos>> {
+        &self.shards[(id as usize) % SHARDS]
+    }
+
+    /// When an enforced check is known to be over its limit, fills every
+    /// outcome (that one denied, the others admitted but not counted, their
+    /// remaining unknown and reported as the full limit) and returns true.
+    pub fn answer(&self, checks: &mut [Check], now: Nanos) -> bool {
+        let blocked = checks.iter().enumerate().find_map(|(i, c)| {
+            if !c.enforced {
+                return None;
+            }
+            let until = *self.shard(id(c)).lock().get(&id(c))?;
+            (until > now).then_some((i, until - now))
+        });
+        let Some((denied, wait)) = blocked else { return false };
+        for (i, check) in checks.iter_mut().enumerate() {
+            check.outcome = Some(Outcome {
+                allowed: i != denied,
+                remaining: if i == denied { 0 } else { check.quota.limit },
+                wait: if i == denied { wait } else { 0 },
+                commit: None,
+            });
+        }
+        true
+    }
+
+    /// Remembers the enforced single-hit denials among decided `checks`.
+    pub fn remember(&self, checks: &[Check], now: Nanos) {
+        for check in checks.iter().filter(|c| c.enforced && c.hits <= 1) {
+            let Some(outcome) = check.outcome.filter(|o| !o.allowed) else { continue };
+            let id = id(check);
+            let mut shard = self.shard(id).lock();
+            if shard.len() >= SHARD_CAP {
+                shard.retain(|_, until| *until > now);
+                if shard.len() >= SHARD_CAP {
+                    continue;
+                }
+            }
+            shard.insert(id, now + outcome.wait);
+        }
+    }
+}
