@@ -1,0 +1,176 @@
+//! Real `redis-server` processes on free loopback ports: a standalone server
+//! and a three-master cluster made with `redis-cli --cluster create`.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn require(program: &str) {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "{program} is needed by this test: install it (Debian: apt-get install redis-server redis-tools), \
+         or run ./scripts/test.sh, which installs it"
+    );
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A `redis-server` on a free port, killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    cluster: bool,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::spawn(free_port(), false, tempfile::tempdir().expect("tempdir"))
+    }
+
+    fn spawn(port: u16, cluster: bool, dir: tempfile::TempDir) -> Self {
+        require("redis-server");
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]);
+        }
+        let child = cmd.spawn().expect("start redis-server");
+        let server = RedisServer { child: Some(child), port, cluster, dir };
+        server.wait_until_up();
+        server
+    }
+
+    fn wait_until_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        require("redis-cli");
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty (scripts gone).
+    pub fn restart(&mut self) {
+        self.kill();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+        drop(dir);
+        let fresh = Self::spawn(self.port, self.cluster, tempfile::tempdir().expect("tempdir"));
+        *self = fresh;
+    }
+
+    /// Every key with its PTTL.
+    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|k| !k.is_empty())
+            .map(|k| {
+                let ttl = self.cli(&["PTTL", k]).trim().parse().unwrap_or(-3);
+                (k.to_owned(), ttl)
+            })
+            .collect()
+    }
+
+    /// `calls=` of one command in `INFO commandstats`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A three-master Redis Cluster on free ports.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::spawn(free_port(), true, tempfile::tempdir().expect("tempdir")))
+            .collect();
+        require("redis-cli");
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(out.status.success(), "cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = nodes.iter().all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RedisCluster { nodes }
+    }
+
+    /// Seed nodes, comma-separated, as `--redis-url` takes them.
+    pub fn urls(&self) -> String {
+        self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        self.nodes.iter().flat_map(|n| n.keys_with_ttl()).collect()
+    }
+
+    pub fn calls(&self, command: &str) -> u64 {
+        self.nodes.iter().map(|n| n.calls(command)).sum()
+    }
+}
