@@ -16,5 +16,10 @@ apt_install() {
 }
 
 ensure_test_deps() {
-    :
+    if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+        echo "deps: installing redis-server and redis-tools" >&2
+        apt_install redis-server redis-tools
+    fi
+    # The Debian package starts a system Redis on 6379; the tests start their
+    # own on free ports and do not need it.
 }

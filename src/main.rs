@@ -48,7 +48,10 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         }
         StoreKind::Redis => RedisTarget::Standalone(args.redis_url.clone()),
         StoreKind::RedisCluster => RedisTarget::Cluster(
-            args.redis_url.split(',').map(|s| s.trim().to_owned()).collect(),
+            args.redis_url
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .collect(),
         ),
     };
     let mut options = RedisOptions::new(target);
@@ -77,6 +80,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     let paths = args.rule_paths();

@@ -71,7 +71,11 @@ pub struct ServeArgs {
 
     /// Redis URL (`redis://[user:password@]host:port[/db]`, `rediss://` for
     /// TLS); for a cluster, a comma-separated list of seed nodes.
-    #[arg(long, env = "TOLLGATE_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
 
     /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
@@ -195,7 +199,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => value / 1e3,
         "s" => value,
         "m" => value * 60.0,
-        _ => return Err(format!("'{text}': unknown unit '{unit}' (use us, ms, s or m)")),
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (use us, ms, s or m)"
+            ));
+        }
     };
     if seconds <= 0.0 || seconds > 3600.0 {
         return Err(format!("'{text}' must be above zero and at most an hour"));

@@ -52,17 +52,25 @@ struct Harness {
 
 impl Harness {
     fn new(backend: Backend) -> Self {
-        let rules = load_sources(&[(PathBuf::from("c.yaml"), RULES.into())], &LoadOptions::default())
-            .expect("rules");
+        let rules = load_sources(
+            &[(PathBuf::from("c.yaml"), RULES.into())],
+            &LoadOptions::default(),
+        )
+        .expect("rules");
         // The next whole hour from now: windows line up, and expiries (set
         // from this clock) are in Redis's future.
         let hour = 3600 * NANOS_PER_SEC;
-        let real = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_nanos() as Nanos;
+        let real = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as Nanos;
         let start = (real / hour + 1) * hour;
         let clock = ManualClock::new(start);
         let store = match &backend {
             Backend::Memory => Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
-            Backend::Redis(server) => Store::Redis(redis_store(RedisTarget::Standalone(server.url()))),
+            Backend::Redis(server) => {
+                Store::Redis(redis_store(RedisTarget::Standalone(server.url())))
+            }
             Backend::Cluster(cluster) => Store::Redis(redis_store(RedisTarget::Cluster(
                 cluster.nodes.iter().map(|n| n.url()).collect(),
             ))),
@@ -73,12 +81,18 @@ impl Harness {
             ..LimiterOptions::default()
         };
         let limiter = Limiter::new(rules, store, Arc::new(clock.clone()), options);
-        Harness { limiter, clock, start, backend }
+        Harness {
+            limiter,
+            clock,
+            start,
+            backend,
+        }
     }
 
     /// Sets the clock to `secs` after the start hour.
     fn at(&self, secs: f64) {
-        self.clock.set(self.start + (secs * NANOS_PER_SEC as f64) as Nanos);
+        self.clock
+            .set(self.start + (secs * NANOS_PER_SEC as f64) as Nanos);
     }
 
     async fn ask(&self, descriptors: &[&[(&str, &str)]], hits: u32) -> Decision {
@@ -86,11 +100,17 @@ impl Harness {
             domain: "c",
             descriptors: descriptors
                 .iter()
-                .map(|e| Descriptor { entries: e.iter().copied().collect(), ..Descriptor::default() })
+                .map(|e| Descriptor {
+                    entries: e.iter().copied().collect(),
+                    ..Descriptor::default()
+                })
                 .collect(),
             hits_addend: hits,
         };
-        self.limiter.should_rate_limit(&request).await.expect("decided")
+        self.limiter
+            .should_rate_limit(&request)
+            .await
+            .expect("decided")
     }
 
     async fn admitted(&self, descriptors: &[&[(&str, &str)]], n: usize) -> usize {
@@ -136,7 +156,11 @@ async fn sliding_window_admits_limit_plus_one_across_a_boundary(h: &Harness) {
     assert_eq!(h.admitted(&[&[("sliding", "a")]], 12).await, 1);
     // Half way through, about half the window is back.
     h.at(90.0);
-    assert_eq!(h.admitted(&[&[("sliding", "a")]], 12).await, 4, "10 * 0.5 + 1 = 6 used of 10");
+    assert_eq!(
+        h.admitted(&[&[("sliding", "a")]], 12).await,
+        4,
+        "10 * 0.5 + 1 = 6 used of 10"
+    );
 }
 
 async fn token_bucket_admits_a_burst_then_refills_at_the_rate(h: &Harness) {
@@ -144,7 +168,10 @@ async fn token_bucket_admits_a_burst_then_refills_at_the_rate(h: &Harness) {
     assert_eq!(h.admitted(&[&[("bucket", "a")]], 8).await, 5);
     let denied = h.ask(&[&[("bucket", "a")]], 0).await;
     assert!(denied.over_limit);
-    assert_eq!(denied.statuses[0].reset, NANOS_PER_SEC, "one token a second");
+    assert_eq!(
+        denied.statuses[0].reset, NANOS_PER_SEC,
+        "one token a second"
+    );
     h.at(12.0);
     assert_eq!(h.admitted(&[&[("bucket", "a")]], 8).await, 2);
     // A cost of 3 on an empty bucket waits for three tokens.
@@ -161,7 +188,10 @@ async fn a_refused_request_spends_nothing_on_its_other_descriptors(h: &Harness) 
     let org = h.ask(&[&[("org", "acme")]], 0).await;
     assert_eq!(org.statuses[0].remaining, 2, "5 - 2 admitted - this one");
     let team = h.ask(&[&[("team", "red")]], 0).await;
-    assert_eq!(team.statuses[0].remaining, 97, "100 - 2 admitted - this one: refused calls were refunded");
+    assert_eq!(
+        team.statuses[0].remaining, 97,
+        "100 - 2 admitted - this one: refused calls were refunded"
+    );
     let refused = h.ask(all, 0).await;
     assert!(refused.over_limit);
     assert!(!refused.statuses[0].over_limit && refused.statuses[2].over_limit);
@@ -183,12 +213,29 @@ async fn hits_addend_counts_and_zero_only_checks(h: &Harness) {
         hits_addend: 4,
     };
     let checked = h.limiter.should_rate_limit(&check).await.expect("decided");
-    assert_eq!((checked.over_limit, checked.statuses[0].remaining), (false, 2), "per-descriptor 0 wins");
+    assert_eq!(
+        (checked.over_limit, checked.statuses[0].remaining),
+        (false, 2),
+        "per-descriptor 0 wins"
+    );
     assert!(h.ask(d, 3).await.over_limit, "3 more than the 2 left");
     check.descriptors[0].hits_addend = Some(2);
-    assert!(!h.limiter.should_rate_limit(&check).await.expect("decided").over_limit);
+    assert!(
+        !h.limiter
+            .should_rate_limit(&check)
+            .await
+            .expect("decided")
+            .over_limit
+    );
     check.descriptors[0].hits_addend = Some(0);
-    assert!(h.limiter.should_rate_limit(&check).await.expect("decided").over_limit, "exhausted");
+    assert!(
+        h.limiter
+            .should_rate_limit(&check)
+            .await
+            .expect("decided")
+            .over_limit,
+        "exhausted"
+    );
 }
 
 async fn shadow_mode_never_blocks_and_still_counts(h: &Harness) {
@@ -196,10 +243,17 @@ async fn shadow_mode_never_blocks_and_still_counts(h: &Harness) {
     for i in 0..4 {
         let d = h.ask(&[&[("watch", "w")], &[("org", "shadow")]], 0).await;
         assert!(!d.over_limit, "request {i}");
-        assert_eq!(d.statuses[0].remaining, 0, "the shadow limit of 1 is spent, request {i}");
+        assert_eq!(
+            d.statuses[0].remaining, 0,
+            "the shadow limit of 1 is spent, request {i}"
+        );
         assert!(!d.statuses[0].over_limit);
     }
-    assert_eq!(h.ask(&[&[("org", "shadow")]], 0).await.statuses[0].remaining, 0, "5 - 4 - 1");
+    assert_eq!(
+        h.ask(&[&[("org", "shadow")]], 0).await.statuses[0].remaining,
+        0,
+        "5 - 4 - 1"
+    );
 }
 
 async fn fifty_concurrent_requests_admit_exactly_the_limit(h: &Harness) {
@@ -212,7 +266,11 @@ async fn fifty_concurrent_requests_admit_exactly_the_limit(h: &Harness) {
             let h = h.clone();
             async move { !h.ask(&[&[("hot", key.as_str())]], 0).await.over_limit }
         });
-        let admitted = futures_util::future::join_all(asks).await.into_iter().filter(|a| *a).count();
+        let admitted = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .filter(|a| *a)
+            .count();
         assert_eq!(admitted, 10, "round {round}");
     }
 }

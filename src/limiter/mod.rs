@@ -286,7 +286,10 @@ impl Limiter {
 
     /// Turns the store's outcomes (or its failure) into the decision.
     fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Result<Decision, LimitError> {
-        let Plan { planned, mut checks } = plan;
+        let Plan {
+            planned,
+            mut checks,
+        } = plan;
         if let Some(err) = failed {
             if self.options.unavailable_on_store_error {
                 return Err(LimitError::Unavailable(err));
@@ -344,7 +347,11 @@ impl Limiter {
             let allowed = mode == FailureMode::Allow;
             check.outcome = Some(crate::algorithm::Outcome {
                 allowed,
-                remaining: if allowed { plan.limit.requests_per_unit } else { 0 },
+                remaining: if allowed {
+                    plan.limit.requests_per_unit
+                } else {
+                    0
+                },
                 wait: crate::clock::NANOS_PER_SEC,
                 commit: None,
             });
@@ -353,7 +360,13 @@ impl Limiter {
                 let n = self.options.instances.max(1);
                 quota.limit = quota.limit.div_ceil(n);
                 quota.burst = quota.burst.div_ceil(n).max(1);
-                local.push(Check::new(check.key.clone(), check.algorithm, quota, check.hits, check.enforced));
+                local.push(Check::new(
+                    check.key.clone(),
+                    check.algorithm,
+                    quota,
+                    check.hits,
+                    check.enforced,
+                ));
                 local_of.push(plan.check);
             }
         }
@@ -366,7 +379,11 @@ impl Limiter {
             // full, the descriptor is refused rather than left unlimited.
             checks[i].outcome = match decided {
                 Ok(()) => check.outcome,
-                Err(_) => checks[i].outcome.map(|o| crate::algorithm::Outcome { allowed: false, remaining: 0, ..o }),
+                Err(_) => checks[i].outcome.map(|o| crate::algorithm::Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    ..o
+                }),
             };
         }
     }

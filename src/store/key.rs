@@ -115,7 +115,10 @@ mod tests {
         key.entry("", "");
         let parts = key.parts();
         assert_eq!(parts.domain, "api");
-        assert_eq!((parts.algorithm, parts.unit), (Algorithm::TokenBucket, Unit::Week));
+        assert_eq!(
+            (parts.algorithm, parts.unit),
+            (Algorithm::TokenBucket, Unit::Week)
+        );
         assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
     }
 }

@@ -18,6 +18,8 @@ pub struct Tollgate {
     pub child: Child,
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
+    /// Everything the server wrote to stderr so far.
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Tollgate {
@@ -33,9 +35,22 @@ impl Tollgate {
             .args(["--grpc-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
+            .env("NO_COLOR", "1")
             .spawn()
             .expect("spawn tollgate");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let err_pipe = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                eprintln!("[tollgate] {line}");
+                if let Ok(mut s) = sink.lock() {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -52,13 +67,26 @@ impl Tollgate {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Tollgate { child, addr, dir }
+        Tollgate {
+            child,
+            addr,
+            dir,
+            stderr,
+        }
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.addr))
             .await
             .expect("connect to tollgate")
+    }
+
+    /// How many stderr lines so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.stderr
+            .lock()
+            .map(|s| s.lines().filter(|l| l.contains(needle)).count())
+            .unwrap_or(0)
     }
 
     pub fn pid(&self) -> u32 {

@@ -42,16 +42,35 @@ impl RedisServer {
     fn spawn(port: u16, cluster: bool, dir: tempfile::TempDir) -> Self {
         require("redis-server");
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         if cluster {
-            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]);
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ]);
         }
         let child = cmd.spawn().expect("start redis-server");
-        let server = RedisServer { child: Some(child), port, cluster, dir };
+        let server = RedisServer {
+            child: Some(child),
+            port,
+            cluster,
+            dir,
+        };
         server.wait_until_up();
         server
     }
@@ -95,7 +114,11 @@ impl RedisServer {
         self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
         drop(dir);
-        let fresh = Self::spawn(self.port, self.cluster, tempfile::tempdir().expect("tempdir"));
+        let fresh = Self::spawn(
+            self.port,
+            self.cluster,
+            tempfile::tempdir().expect("tempdir"),
+        );
         *self = fresh;
     }
 
@@ -140,7 +163,10 @@ impl RedisCluster {
             .map(|_| RedisServer::spawn(free_port(), true, tempfile::tempdir().expect("tempdir")))
             .collect();
         require("redis-cli");
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -148,10 +174,16 @@ impl RedisCluster {
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
-        assert!(out.status.success(), "cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let ok = nodes.iter().all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            let ok = nodes
+                .iter()
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
             if ok {
                 break;
             }
@@ -163,7 +195,11 @@ impl RedisCluster {
 
     /// Seed nodes, comma-separated, as `--redis-url` takes them.
     pub fn urls(&self) -> String {
-        self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+        self.nodes
+            .iter()
+            .map(|n| n.url())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {

@@ -72,7 +72,11 @@ fn crc16(bytes: &[u8]) -> u16 {
     for &b in bytes {
         crc ^= u16::from(b) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc
@@ -90,7 +94,11 @@ mod tests {
         assert_eq!(slot("foo"), 12182);
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
         assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
-        assert_eq!(slot("{}x"), crc16(b"{}x") % 16384, "an empty tag hashes the whole key");
+        assert_eq!(
+            slot("{}x"),
+            crc16(b"{}x") % 16384,
+            "an empty tag hashes the whole key"
+        );
     }
 
     #[test]

@@ -245,10 +245,10 @@ impl RedisStore {
         if self.circuit_open() {
             return Err(StoreError::CircuitOpen);
         }
-        if let Some(cache) = &self.inner.over_limit {
-            if cache.answer(checks, now) {
-                return Ok(());
-            }
+        if let Some(cache) = &self.inner.over_limit
+            && cache.answer(checks, now)
+        {
+            return Ok(());
         }
         let result = self.call(checks, now).await;
         match &result {
@@ -287,7 +287,10 @@ impl RedisStore {
                     store.inner.generation.fetch_add(1, Ordering::AcqRel);
                     store.inner.failures.store(0, Ordering::Relaxed);
                     store.inner.open.store(false, Ordering::Release);
-                    tracing::info!(probes = attempts, "Redis is back: deciding through Redis again");
+                    tracing::info!(
+                        probes = attempts,
+                        "Redis is back: deciding through Redis again"
+                    );
                     return;
                 }
             }
@@ -363,9 +366,8 @@ impl RedisStore {
         checks: &[Check],
         groups: &[(u16, Group)],
     ) -> Result<(), StoreError> {
-        let denied = |i: &usize| {
-            checks[*i].enforced && checks[*i].outcome.is_some_and(|o| !o.allowed)
-        };
+        let denied =
+            |i: &usize| checks[*i].enforced && checks[*i].outcome.is_some_and(|o| !o.allowed);
         if !groups.iter().any(|(_, g)| g.checks.iter().any(denied)) {
             return Ok(());
         }
@@ -377,17 +379,27 @@ impl RedisStore {
                 let mut k = 0;
                 for &i in &group.checks {
                     let c = &checks[i];
-                    let n = if c.algorithm == Algorithm::SlidingWindow { 2 } else { 1 };
+                    let n = if c.algorithm == Algorithm::SlidingWindow {
+                        2
+                    } else {
+                        1
+                    };
                     for key in &group.keys[k..k + n] {
                         inv.key(key);
                     }
                     k += n;
-                    let committed = if c.outcome.is_some_and(|o| o.allowed) { c.hits } else { 0 };
+                    let committed = if c.outcome.is_some_and(|o| o.allowed) {
+                        c.hits
+                    } else {
+                        0
+                    };
                     let interval = c.quota.period / 1_000 / u64::from(c.quota.limit.max(1));
-                    inv.arg(script_code(c.algorithm)).arg(committed).arg(interval.max(1));
+                    inv.arg(script_code(c.algorithm))
+                        .arg(committed)
+                        .arg(interval.max(1));
                 }
                 let mut conn = conn.clone();
-                async move { self.timed(async { conn.invoke::<>(&inv).await }).await }
+                async move { self.timed(async { conn.invoke(&inv).await }).await }
             });
         for refund in join_all(refunds).await {
             refund?;
@@ -398,7 +410,9 @@ impl RedisStore {
 
 fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, StoreError> {
     let bad = || StoreError::Script(format!("unexpected reply from the batch script: {value:?}"));
-    let Value::Array(rows) = &value else { return Err(bad()) };
+    let Value::Array(rows) = &value else {
+        return Err(bad());
+    };
     if rows.len() != expected {
         return Err(bad());
     }

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
+use crate::algorithm::Outcome;
 use crate::clock::Nanos;
 use crate::store::Check;
-use crate::algorithm::Outcome;
 
 const SHARDS: usize = 16;
 /// Entries per shard before expired ones are dropped (and, if still full,
@@ -47,7 +47,9 @@ impl OverLimitCache {
             let until = *self.shard(id(c)).lock().get(&id(c))?;
             (until > now).then_some((i, until - now))
         });
-        let Some((denied, wait)) = blocked else { return false };
+        let Some((denied, wait)) = blocked else {
+            return false;
+        };
         for (i, check) in checks.iter_mut().enumerate() {
             check.outcome = Some(Outcome {
                 allowed: i != denied,
@@ -62,7 +64,9 @@ impl OverLimitCache {
     /// Remembers the enforced single-hit denials among decided `checks`.
     pub fn remember(&self, checks: &[Check], now: Nanos) {
         for check in checks.iter().filter(|c| c.enforced && c.hits <= 1) {
-            let Some(outcome) = check.outcome.filter(|o| !o.allowed) else { continue };
+            let Some(outcome) = check.outcome.filter(|o| !o.allowed) else {
+                continue;
+            };
             let id = id(check);
             let mut shard = self.shard(id).lock();
             if shard.len() >= SHARD_CAP {

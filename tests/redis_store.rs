@@ -1,0 +1,319 @@
+//! Tollgate processes on real Redis: shared limits across instances, one
+//! script call per request, outages with bounded latency and per-rule failure
+//! modes, recovery after a restart that lost the scripts, the reference's
+//! UNAVAILABLE mode, the local fallback and the over-limit cache.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{Tollgate, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const RULES: &str = "domain: r
+descriptors:
+  - key: shared
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: open
+    rate_limit: {unit: hour, requests_per_unit: 1000, failure_mode: allow}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 1000, failure_mode: deny}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 10, failure_mode: local}
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket}
+  - key: c
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
+  - key: tight
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
+fn redis_args<'a>(url: &'a str, timeout: &'a str) -> Vec<&'a str> {
+    vec![
+        "--store",
+        "redis",
+        "--redis-url",
+        url,
+        "--redis-timeout",
+        timeout,
+    ]
+}
+
+async fn code(server: &Tollgate, descriptors: &[&[(&str, &str)]]) -> Result<i32, tonic::Status> {
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("r", descriptors))
+        .await
+        .map(|r| r.into_inner().overall_code)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let one = Tollgate::start(RULES, &redis_args(&url, "500ms"));
+    let two = Tollgate::start(RULES, &redis_args(&url, "500ms"));
+    let (mut c1, mut c2) = (one.client().await, two.client().await);
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let mut client = if i % 2 == 0 { c1.clone() } else { c2.clone() };
+        calls.push(tokio::spawn(async move {
+            client
+                .should_rate_limit(request("r", &[&[("shared", "x")]]))
+                .await
+                .expect("ok")
+                .into_inner()
+        }));
+    }
+    let mut admitted = 0;
+    for call in calls {
+        if call.await.expect("task").overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    // Both see the same count afterwards.
+    for client in [&mut c1, &mut c2] {
+        let r = client
+            .should_rate_limit(request("r", &[&[("shared", "x")]]))
+            .await
+            .expect("ok")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_script_call_per_request_whatever_the_descriptors() {
+    let redis = RedisServer::start();
+    let server = Tollgate::start(RULES, &redis_args(&redis.url(), "500ms"));
+    let three: &[&[(&str, &str)]] = &[&[("a", "1")], &[("b", "1")], &[("c", "1")]];
+    code(&server, three)
+        .await
+        .expect("warm up: loads the script");
+    let before = redis.calls("evalsha") + redis.calls("eval");
+    for _ in 0..20 {
+        assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
+    }
+    let after = redis.calls("evalsha") + redis.calls("eval");
+    assert_eq!(after - before, 20, "one script call per request");
+    assert!(
+        redis.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0),
+        "every key expires"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_script_call_per_slot_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--redis-timeout",
+            "500ms",
+        ],
+    );
+    let three: &[&[(&str, &str)]] = &[&[("a", "1")], &[("b", "2")], &[("c", "3")]];
+    code(&server, three).await.expect("warm up");
+    let slots: std::collections::HashSet<String> = cluster
+        .keys_with_ttl()
+        .iter()
+        .map(|(k, _)| {
+            cluster.nodes[0]
+                .cli(&["CLUSTER", "KEYSLOT", k])
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    let before = cluster.calls("evalsha") + cluster.calls("eval");
+    for _ in 0..10 {
+        assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
+    }
+    let after = cluster.calls("evalsha") + cluster.calls("eval");
+    assert_eq!(
+        after - before,
+        10 * slots.len() as u64,
+        "one call per slot ({} slots)",
+        slots.len()
+    );
+    assert!(
+        cluster.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0),
+        "every key expires"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(
+        RULES,
+        &[&redis_args(&url, "30ms")[..], &["--redis-breaker", "3"]].concat(),
+    );
+    let mut client = server.client().await;
+    let ask = |d: &'static str| request("r", &[&[(d, "x")]]);
+    assert_eq!(
+        client
+            .should_rate_limit(ask("tight"))
+            .await
+            .expect("ok")
+            .into_inner()
+            .overall_code,
+        Code::Ok as i32
+    );
+
+    redis.kill();
+    let mut slowest = Duration::ZERO;
+    for i in 0..30 {
+        for (key, expected) in [("open", Code::Ok), ("closed", Code::OverLimit)] {
+            let started = Instant::now();
+            let r = client
+                .should_rate_limit(ask(key))
+                .await
+                .expect("answered, not an error")
+                .into_inner();
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(
+                r.overall_code, expected as i32,
+                "{key} during the outage (call {i})"
+            );
+        }
+    }
+    // 30 ms timeout plus a few milliseconds (the gRPC round trip on a debug build).
+    assert!(
+        slowest < Duration::from_millis(30 + 40),
+        "slowest decision took {slowest:?}"
+    );
+    assert_eq!(
+        server.log_count("Redis unavailable"),
+        1,
+        "the outage is logged once"
+    );
+
+    // Redis comes back empty: no scripts, no counters.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = client
+            .should_rate_limit(ask("closed"))
+            .await
+            .expect("ok")
+            .into_inner();
+        if r.overall_code == Code::Ok as i32 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Tollgate did not recover after Redis restarted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Decisions go through Redis again: the limit of 1 holds.
+    assert_eq!(
+        client
+            .should_rate_limit(request("r", &[&[("tight", "y")]]))
+            .await
+            .expect("ok")
+            .into_inner()
+            .overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        client
+            .should_rate_limit(request("r", &[&[("tight", "y")]]))
+            .await
+            .expect("ok")
+            .into_inner()
+            .overall_code,
+        Code::OverLimit as i32
+    );
+    assert_eq!(
+        server.log_count("Redis is back"),
+        1,
+        "the recovery is logged once"
+    );
+    assert!(redis.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reference_mode_answers_unavailable() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(
+        RULES,
+        &[
+            &redis_args(&url, "30ms")[..],
+            &["--on-store-error", "unavailable"],
+        ]
+        .concat(),
+    );
+    redis.kill();
+    let status = code(&server, &[&[("open", "x")]])
+        .await
+        .expect_err("unavailable");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("Redis"), "{}", status.message());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_local_failure_mode_divides_the_limit_between_instances() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(
+        RULES,
+        &[&redis_args(&url, "30ms")[..], &["--instances", "2"]].concat(),
+    );
+    redis.kill();
+    let mut admitted = 0;
+    for _ in 0..12 {
+        if code(&server, &[&[("local", "x")]]).await.expect("ok") == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5, "10 per hour across 2 instances");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_over_limit_cache_keeps_refusals_off_redis() {
+    let redis = RedisServer::start();
+    let server = Tollgate::start(
+        RULES,
+        &[
+            &redis_args(&redis.url(), "500ms")[..],
+            &["--over-limit-cache", "on"],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+        Code::Ok as i32
+    );
+    assert_eq!(
+        code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+        Code::OverLimit as i32
+    );
+    let before = redis.calls("evalsha");
+    for _ in 0..20 {
+        assert_eq!(
+            code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+            Code::OverLimit as i32
+        );
+    }
+    assert_eq!(
+        redis.calls("evalsha"),
+        before,
+        "refusals answered from the cache"
+    );
+    assert_eq!(
+        code(&server, &[&[("tight", "other")]]).await.expect("ok"),
+        Code::Ok as i32
+    );
+}
