@@ -6,67 +6,69 @@
 --          names carry the window number, so the caller must know it).
 -- ARGV[2..]: six per check: algorithm ('f', 's' or 't'), limit, period (µs),
 --          burst, hits, enforced (1, or 0 in shadow mode).
--- Returns one {allowed, remaining, wait_us} per check.
+-- Returns three integers per check, flat: allowed (1/0), remaining, wait (µs).
 --
 -- Every write is SET ... PXAT: the value and its expiry in one command, so a
 -- counter without an expiry cannot exist, even for an instant. Nothing is
 -- written when an enforced check is denied.
+--
+-- Written for Redis's per-call cost: no closures or tables per check beyond
+-- the result and the pending writes.
 
 local now = tonumber(ARGV[1])
-local overlay = {}
+local checks = (#ARGV - 1) / 6
+
+-- Pending writes: key -> value, in order (a key may appear twice in a
+-- request; the later check must see the earlier one's hits).
+local pending = {}
+local order = {}
 local function read(key)
-  local v = overlay[key]
+  local v = pending[key]
   if v ~= nil then return v end
-  return redis.call('GET', key)
+  return tonumber(redis.call('GET', key) or 0)
 end
 
-local results, writes, specs = {}, {}, {}
+local out = {}
 local blocked = false
-local next_key = 1
-local checks = (#ARGV - 1) / 6
-for i = 1, checks do
-  local base = 2 + (i - 1) * 6
-  local spec = {
-    alg = ARGV[base],
-    limit = tonumber(ARGV[base + 1]),
-    period = tonumber(ARGV[base + 2]),
-    burst = tonumber(ARGV[base + 3]),
-    keys = {},
-  }
-  local hits = tonumber(ARGV[base + 4])
-  local enforced = ARGV[base + 5] == '1'
-  local nkeys = 1
-  if spec.alg == 's' then nkeys = 2 end
-  for j = 1, nkeys do
-    spec.keys[j] = KEYS[next_key]
-    next_key = next_key + 1
+local k = 1
+for i = 0, checks - 1 do
+  local b = 2 + i * 6
+  local alg = ARGV[b]
+  local k1, k2 = KEYS[k], nil
+  if alg == 's' then k2 = KEYS[k + 1]; k = k + 2 else k = k + 1 end
+  local allowed, remaining, wait, value, expires = ALGORITHMS[alg](
+    k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+    tonumber(ARGV[b + 4]), read)
+  if allowed == 0 and ARGV[b + 5] == '1' then blocked = true end
+  if value ~= nil then
+    if pending[k1] == nil then order[#order + 1] = k1 end
+    pending[k1] = value
+    pending[k1 .. '\0exp'] = expires
   end
-  local allowed, remaining, wait, w =
-    ALGORITHMS[spec.alg](spec.keys, now, spec.limit, spec.period, spec.burst, hits, read)
-  if allowed == 0 and enforced then blocked = true end
-  if w then
-    for _, write in ipairs(w) do
-      overlay[write[1]] = write[2]
-      writes[#writes + 1] = write
-    end
-  end
-  results[i] = {allowed, remaining, wait}
-  specs[i] = spec
+  out[i * 3 + 1] = allowed
+  out[i * 3 + 2] = remaining
+  out[i * 3 + 3] = wait
 end
 
 if blocked then
   -- Nothing is spent: report what the admitted checks had left before this request.
-  overlay = {}
-  for i, r in ipairs(results) do
-    if r[1] == 1 then
-      local s = specs[i]
-      local _, remaining = ALGORITHMS[s.alg](s.keys, now, s.limit, s.period, s.burst, 0, read)
-      r[2] = remaining
+  pending = {}
+  k = 1
+  for i = 0, checks - 1 do
+    local b = 2 + i * 6
+    local alg = ARGV[b]
+    local k1, k2 = KEYS[k], nil
+    if alg == 's' then k2 = KEYS[k + 1]; k = k + 2 else k = k + 1 end
+    if out[i * 3 + 1] == 1 then
+      local _, remaining = ALGORITHMS[alg](
+        k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), 0, read)
+      out[i * 3 + 2] = remaining
     end
   end
 else
-  for _, w in ipairs(writes) do
-    redis.call('SET', w[1], string.format('%.0f', w[2]), 'PXAT', string.format('%.0f', math.ceil(w[3] / 1000)))
+  for _, key in ipairs(order) do
+    -- Numbers reach Redis as integers (%.17g): µs timestamps stay exact.
+    redis.call('SET', key, pending[key], 'PXAT', math.ceil(pending[key .. '\0exp'] / 1000))
   end
 end
-return results
+return out

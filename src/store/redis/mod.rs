@@ -410,22 +410,17 @@ impl RedisStore {
 
 fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, StoreError> {
     let bad = || StoreError::Script(format!("unexpected reply from the batch script: {value:?}"));
-    let Value::Array(rows) = &value else {
-        return Err(bad());
-    };
-    if rows.len() != expected {
+    let Value::Array(flat) = &value else { return Err(bad()) };
+    if flat.len() != expected * 3 {
         return Err(bad());
     }
-    rows.iter()
+    flat.chunks(3)
         .map(|row| match row {
-            Value::Array(cols) => match cols.as_slice() {
-                [Value::Int(a), Value::Int(r), Value::Int(w)] => Ok((
-                    *a == 1,
-                    u32::try_from(*r).unwrap_or(if *r < 0 { 0 } else { u32::MAX }),
-                    u64::try_from(*w).unwrap_or(0),
-                )),
-                _ => Err(bad()),
-            },
+            [Value::Int(a), Value::Int(r), Value::Int(w)] => Ok((
+                *a == 1,
+                u32::try_from(*r).unwrap_or(if *r < 0 { 0 } else { u32::MAX }),
+                u64::try_from(*w).unwrap_or(0),
+            )),
             _ => Err(bad()),
         })
         .collect()

@@ -1,42 +1,49 @@
 -- Sliding window counter (mirrors src/algorithm/sliding_window.rs).
--- keys[1]: this window's counter, keys[2]: the previous window's counter.
+-- key: this window's counter; previous_key: the previous window's counter.
 -- Admitted while previous * (period - offset) / period + current + cost - 1 < limit.
--- Returns allowed (1/0), remaining, wait (µs), and the writes or nil.
-ALGORITHMS['s'] = function(keys, now, limit, period, burst, hits, read)
+-- Returns allowed (1/0), remaining, wait (µs), and the value to write with its
+-- expiry (µs), or nil when nothing changes.
+
+-- The earliest offset at which previous * (period - o) < room * period.
+local function earliest(period, previous, room)
+  if previous == 0 then return 0 end
+  local o = period - math.floor((room * period - 1) / previous)
+  if o < 0 then return 0 end
+  return o
+end
+
+ALGORITHMS['s'] = function(key, previous_key, now, limit, period, _, hits, read)
   local window = math.floor(now / period)
   local offset = now - window * period
   local window_end = (window + 1) * period
-  local current = tonumber(read(keys[1]) or '0')
-  local previous = tonumber(read(keys[2]) or '0')
-  local cost = math.max(hits, 1)
+  local current = read(key)
+  local previous = read(previous_key)
+  local cost = hits
+  if cost < 1 then cost = 1 end
   local weighted = previous * (period - offset) / period
-  local function remaining(count)
-    return math.max(limit - math.ceil(weighted + count), 0)
-  end
   if weighted + current + cost - 1 >= limit then
-    -- The earliest offset at which previous * (period - o) < room * period.
-    local function earliest(prev, room)
-      if prev == 0 then return 0 end
-      return math.max(period - math.floor((room * period - 1) / prev), 0)
-    end
     local wait
     local room_now = limit + 1 - current - cost
     if room_now > 0 then
-      local at = math.max(earliest(previous, room_now), offset)
+      local at = earliest(period, previous, room_now)
+      if at < offset then at = offset end
       if at < period then wait = at - offset end
     end
     if wait == nil then
       local room = limit + 1 - cost
       wait = period - offset
-      if room > 0 then wait = wait + earliest(current, room) end
+      if room > 0 then wait = wait + earliest(period, current, room) end
     end
-    return 0, remaining(current), wait, nil
+    local left = limit - math.ceil(weighted + current)
+    if left < 0 then left = 0 end
+    return 0, left, wait
   end
   current = current + hits
-  local writes = nil
+  local left = limit - math.ceil(weighted + current)
+  if left < 0 then left = 0 end
   if hits > 0 then
     -- This window still counts, as the previous one, through the next window.
-    writes = {{keys[1], current, window_end + period}}
+    return 1, left, window_end - now, current, window_end + period
   end
-  return 1, remaining(current), window_end - now, writes
+  return 1, left, window_end - now
 end

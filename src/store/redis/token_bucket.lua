@@ -1,24 +1,30 @@
 -- Token bucket as GCRA (mirrors src/algorithm/token_bucket.rs).
--- keys[1]: the theoretical arrival time (µs); the key expires when the bucket is full.
--- Returns allowed (1/0), remaining, wait (µs), and the writes or nil.
-ALGORITHMS['t'] = function(keys, now, limit, period, burst, hits, read)
+-- key: the theoretical arrival time (µs); the key expires when the bucket is full.
+-- Returns allowed (1/0), remaining, wait (µs), and the value to write with its
+-- expiry (µs), or nil when nothing changes.
+ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
   if limit == 0 then
-    return 0, 0, period, nil
+    return 0, 0, period
   end
-  local interval = math.max(math.floor(period / limit), 1)
+  local interval = math.floor(period / limit)
+  if interval < 1 then interval = 1 end
   local tolerance = interval * burst
-  local tat = math.max(tonumber(read(keys[1]) or '0'), now)
-  local cost = math.max(hits, 1)
+  local tat = read(key)
+  if tat < now then tat = now end
+  local cost = hits
+  if cost < 1 then cost = 1 end
   local needed = tat + interval * cost
   if needed - now > tolerance then
     local wait = needed - now - tolerance
     if cost > burst then wait = tat - now end
-    return 0, math.floor(math.max(tolerance - (tat - now), 0) / interval), wait, nil
+    local left = tolerance - (tat - now)
+    if left < 0 then left = 0 end
+    return 0, math.floor(left / interval), wait
   end
   tat = tat + interval * hits
-  local writes = nil
+  local left = math.floor((tolerance - (tat - now)) / interval)
   if hits > 0 then
-    writes = {{keys[1], tat, tat}}
+    return 1, left, tat - now, tat, tat
   end
-  return 1, math.floor((tolerance - (tat - now)) / interval), tat - now, writes
+  return 1, left, tat - now
 end
