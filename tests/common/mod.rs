@@ -123,4 +123,5 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
         hits_addend: 0,
     }
 }
+pub mod envoy;
 pub mod redis;

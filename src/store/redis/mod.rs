@@ -410,7 +410,9 @@ impl RedisStore {
 
 fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, StoreError> {
     let bad = || StoreError::Script(format!("unexpected reply from the batch script: {value:?}"));
-    let Value::Array(flat) = &value else { return Err(bad()) };
+    let Value::Array(flat) = &value else {
+        return Err(bad());
+    };
     if flat.len() != expected * 3 {
         return Err(bad());
     }
