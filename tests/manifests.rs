@@ -22,15 +22,26 @@ fn manifests_parse_and_configmap_rules_pass_tollgate_check() {
     for entry in std::fs::read_dir(&dir).expect("examples/kubernetes") {
         let path = entry.expect("entry").path();
         for doc in documents(&path) {
-            let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{}: a document without kind", path.display()));
-            assert!(doc["apiVersion"].is_string(), "{}: {kind} without apiVersion", path.display());
-            assert!(doc["metadata"]["name"].is_string(), "{}: {kind} without metadata.name", path.display());
+            let kind = doc["kind"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}: a document without kind", path.display()));
+            assert!(
+                doc["apiVersion"].is_string(),
+                "{}: {kind} without apiVersion",
+                path.display()
+            );
+            assert!(
+                doc["metadata"]["name"].is_string(),
+                "{}: {kind} without metadata.name",
+                path.display()
+            );
             kinds.push(kind.to_owned());
             if kind == "ConfigMap" {
                 let tmp = tempfile::tempdir().expect("tempdir");
                 let data = doc["data"].as_object().expect("ConfigMap data");
                 for (name, text) in data {
-                    std::fs::write(tmp.path().join(name), text.as_str().expect("text")).expect("write");
+                    std::fs::write(tmp.path().join(name), text.as_str().expect("text"))
+                        .expect("write");
                     rule_files += 1;
                 }
                 let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -38,23 +49,40 @@ fn manifests_parse_and_configmap_rules_pass_tollgate_check() {
                     .arg(tmp.path())
                     .output()
                     .expect("tollgate check");
-                assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             if kind == "Deployment" {
-                let containers = doc["spec"]["template"]["spec"]["containers"].as_array().expect("containers");
+                let containers = doc["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .expect("containers");
                 assert!(!containers.is_empty());
                 let selector = &doc["spec"]["selector"]["matchLabels"];
                 let labels = &doc["spec"]["template"]["metadata"]["labels"];
-                assert_eq!(selector, labels, "{}: selector must match the pod labels", path.display());
+                assert_eq!(
+                    selector,
+                    labels,
+                    "{}: selector must match the pod labels",
+                    path.display()
+                );
             }
             if kind == "EnvoyFilter" {
-                let patches = doc["spec"]["configPatches"].as_array().expect("configPatches");
+                let patches = doc["spec"]["configPatches"]
+                    .as_array()
+                    .expect("configPatches");
                 assert!(!patches.is_empty());
             }
         }
     }
     for expected in ["Deployment", "Service", "ConfigMap", "EnvoyFilter"] {
-        assert!(kinds.iter().any(|k| k == expected), "no {expected} among {kinds:?}");
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "no {expected} among {kinds:?}"
+        );
     }
     assert!(rule_files > 0);
 }
