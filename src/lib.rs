@@ -11,12 +11,18 @@
 //! - [`store`]: where counters live (the embedded memory store).
 //! - [`algorithm`]: fixed window, sliding window, token bucket; pure, with
 //!   time passed in.
+//! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
+//! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
+//! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
 //! - [`settings`] and [`server`]: the command line and the process around it.
 
+pub mod admin;
 pub mod algorithm;
 pub mod clock;
 pub mod limiter;
+pub mod metrics;
+pub mod reload;
 pub mod rls;
 pub mod rules;
 pub mod server;

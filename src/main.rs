@@ -3,18 +3,49 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{Limiter, LimiterOptions};
+use tollgate::reload::Reloader;
 use tollgate::rules::load_paths;
-use tollgate::settings::{CheckArgs, Cli, Command, OnOff, OnStoreError, ServeArgs, StoreKind};
+use tollgate::settings::{
+    CheckArgs, Cli, Command, KNOWN_ENV, LogFormat, OnOff, OnStoreError, ServeArgs, StoreKind,
+};
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use tollgate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(mut args) => {
+            let serve_matches = matches.subcommand_matches("serve");
+            let explicit = |id: &str| {
+                serve_matches
+                    .and_then(|m| m.value_source(id))
+                    .is_some_and(|s| s != ValueSource::DefaultValue)
+            };
+            let unknown: Vec<String> = std::env::vars()
+                .map(|(k, _)| k)
+                .filter(|k| k.starts_with("TOLLGATE_") && !KNOWN_ENV.contains(&k.as_str()))
+                .collect();
+            if !unknown.is_empty() {
+                eprintln!(
+                    "tollgate: unknown setting(s) {}; not starting (see `tollgate serve --help`)",
+                    unknown.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
+            if let Err(e) = args.apply_reference_env(&|name| std::env::var(name).ok(), &explicit) {
+                eprintln!("tollgate: {e}; not starting");
+                return ExitCode::FAILURE;
+            }
+            serve(args)
+        }
         Command::Check(args) => check(args),
     }
 }
@@ -75,13 +106,24 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!(
+                "tollgate: invalid log level '{}': {e}; not starting",
+                args.log_level
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
 
     let paths = args.rule_paths();
     let rules = match load_paths(&paths, &args.load_options()) {
@@ -114,6 +156,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         default_algorithm: args.default_algorithm.into(),
         unavailable_on_store_error: args.on_store_error == OnStoreError::Unavailable,
         instances: args.instances,
+        shadow_mode: args.shadow_mode,
+        near_limit_ratio: args.near_limit_ratio,
     };
     let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
     let workers = args
@@ -126,12 +170,34 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut admin = Vec::new();
+    for addr in &args.admin_addr {
+        match std::net::TcpListener::bind(addr).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+            Ok(listener) => admin.push(listener),
+            Err(e) => {
+                eprintln!("tollgate: cannot listen on {addr} (admin HTTP): {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
-        // One line on stdout that scripts and tests can wait for.
+        // Lines on stdout that scripts and tests can wait for.
+        for a in admin.iter().filter_map(|l| l.local_addr().ok()) {
+            println!("tollgate: admin listening on {a}");
+        }
         println!("tollgate: gRPC listening on {addr}");
         tracing::info!(%addr, workers, "gRPC listening");
     }
-    match tollgate::server::run(limiter, listeners, tollgate::server::shutdown_signal()) {
+    let reloader = Arc::new(Reloader::new(paths, args.load_options(), limiter.clone()));
+    let watch = (args.watch_rules == OnOff::On).then_some(args.watch_interval);
+    let serve = tollgate::server::Serve {
+        limiter,
+        grpc: listeners,
+        admin,
+        reloader: Some((reloader, watch)),
+        shutdown_delay: args.shutdown_delay,
+    };
+    match tollgate::server::run(serve, tollgate::server::shutdown_signal()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tollgate: {e}");

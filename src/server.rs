@@ -17,7 +17,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
+use crate::admin::Health;
 use crate::limiter::Limiter;
+use crate::reload::Reloader;
 use crate::rls::RlsService;
 
 /// How long shutdown waits for in-flight calls and open connections.
@@ -42,27 +44,43 @@ pub fn bind_grpc(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::n
     Ok(listeners)
 }
 
-/// Serves gRPC on `listeners` (one worker thread each) until `shutdown`
-/// completes, then stops accepting, lets in-flight calls finish, and returns.
+/// Everything `run` serves.
+pub struct Serve {
+    /// The limiter.
+    pub limiter: Arc<Limiter>,
+    /// gRPC listeners, one worker thread each (see [`bind_grpc`]).
+    pub grpc: Vec<std::net::TcpListener>,
+    /// Admin HTTP listeners.
+    pub admin: Vec<std::net::TcpListener>,
+    /// Hot reload, and how often to look for changes (`None`: SIGHUP only).
+    pub reloader: Option<(Arc<Reloader>, Option<Duration>)>,
+    /// How long health checks fail before listeners close on shutdown.
+    pub shutdown_delay: Duration,
+}
+
+/// Serves until `shutdown` completes; then reports unhealthy for
+/// `shutdown_delay`, stops accepting, lets in-flight calls finish (at most
+/// [`DRAIN_TIMEOUT`]), and returns.
 pub fn run(
-    limiter: Arc<Limiter>,
-    listeners: Vec<std::net::TcpListener>,
+    serve: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let Serve {
+        limiter,
+        grpc,
+        admin,
+        reloader,
+        shutdown_delay,
+    } = serve;
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    control.block_on(async {
-        health
-            .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
-            .await;
-        health.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    });
+    let (grpc_health, health_service) = tonic_health::server::health_reporter();
+    let health = Arc::new(Health::default());
 
-    let mut workers = Vec::with_capacity(listeners.len());
-    for (i, listener) in listeners.into_iter().enumerate() {
+    let mut workers = Vec::with_capacity(grpc.len());
+    for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
         let health_service = health_service.clone();
         let mut stop = stop_rx.clone();
@@ -98,28 +116,71 @@ pub fn run(
     }
 
     control.block_on(async {
+        let mut tasks = Vec::new();
+        for listener in admin {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let router = crate::admin::router(limiter.clone(), health.clone());
+            let mut stop = stop_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let served = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "admin HTTP stopped");
+                }
+            }));
+        }
         // State that can no longer matter is dropped every second, so memory
         // follows the active keys.
-        let sweeper = {
-            let limiter = limiter.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    let now = limiter.clock().now();
-                    limiter.store().sweep(now);
-                }
-            })
-        };
+        let sweeper_limiter = limiter.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let now = sweeper_limiter.clock().now();
+                sweeper_limiter.store().sweep(now);
+            }
+        }));
+        // gRPC health says what /healthcheck says.
+        let (health_limiter, health_state, reporter) = (limiter.clone(), health.clone(), grpc_health.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let status = match health_state.check(&health_limiter).await {
+                    Ok(()) => tonic_health::ServingStatus::Serving,
+                    Err(_) => tonic_health::ServingStatus::NotServing,
+                };
+                set_health(&reporter, status).await;
+            }
+        }));
+        if let Some((reloader, interval)) = reloader {
+            if let Some(interval) = interval {
+                tasks.push(tokio::spawn(reloader.clone().watch(interval)));
+            }
+            #[cfg(unix)]
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(mut hangups) => tasks.push(tokio::spawn(async move {
+                    while hangups.recv().await.is_some() {
+                        let _ = reloader.reload("SIGHUP");
+                    }
+                })),
+                Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
+            }
+        }
         shutdown.await;
-        tracing::info!("shutting down: no new calls, finishing the ones in flight");
-        health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
-        health
-            .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RlsService>>()
-            .await;
+        tracing::info!(delay = ?shutdown_delay, "shutting down: reporting unhealthy, then finishing calls in flight");
+        health.start_draining();
+        set_health(&grpc_health, tonic_health::ServingStatus::NotServing).await;
+        tokio::time::sleep(shutdown_delay).await;
         let _ = stop_tx.send(true);
-        sweeper.abort();
-    });
+        for task in tasks {
+            task.abort();
+        }
+        Ok::<(), std::io::Error>(())
+    })?;
     for worker in workers {
         match worker.join() {
             Ok(result) => result?,
@@ -127,6 +188,16 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status("envoy.service.ratelimit.v3.RateLimitService", status)
+        .await;
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -105,10 +105,258 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_INSTANCES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub instances: u32,
 
+    /// Admin HTTP address (/healthcheck, /metrics, /json, /rlconfig);
+    /// repeatable. The reference's PORT and DEBUG_PORT also open one each.
+    #[arg(
+        long,
+        env = "TOLLGATE_ADMIN_ADDR",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:6070"
+    )]
+    pub admin_addr: Vec<SocketAddr>,
+
+    /// Watch the rules path and reload on change (SIGHUP always reloads).
+    #[arg(long, env = "TOLLGATE_WATCH_RULES", value_enum, default_value_t = OnOff::On)]
+    pub watch_rules: OnOff,
+
+    /// How often the rules path is checked for changes.
+    #[arg(long, env = "TOLLGATE_WATCH_INTERVAL", default_value = "250ms", value_parser = parse_duration)]
+    pub watch_interval: Duration,
+
+    /// Report every over-limit decision as OK (still counted in metrics).
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    /// Admitted hits above this share of a limit count as near the limit.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+
+    /// On SIGTERM, how long health checks fail before the listeners close, so
+    /// load balancers drain this instance first.
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "1s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
     /// Log filter (tracing syntax, e.g. `info` or `tollgate=debug`).
     #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Log format.
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl ServeArgs {
+    /// Applies the reference service's environment variables (so an existing
+    /// Deployment can switch its image), and refuses unknown `TOLLGATE_*`
+    /// variables and contradictions. `explicit(name)` tells whether a flag
+    /// was set on the command line or by its `TOLLGATE_*` variable.
+    pub fn apply_reference_env(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        explicit: &dyn Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let truthy = |name: &str| -> Result<Option<bool>, String> {
+            match env(name).as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None | Some("") => Ok(None),
+                Some("true" | "1" | "yes") => Ok(Some(true)),
+                Some("false" | "0" | "no") => Ok(Some(false)),
+                Some(other) => Err(format!("{name}={other}: expected true or false")),
+            }
+        };
+        let conflict = |ours: &str, theirs: &str| {
+            format!(
+                "{theirs} (envoyproxy/ratelimit's setting) contradicts --{ours}; set one of them"
+            )
+        };
+
+        if let Some(port) = env("GRPC_PORT") {
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("GRPC_PORT={port}: not a port"))?;
+            let host = env("GRPC_HOST").unwrap_or_else(|| "0.0.0.0".into());
+            let addr: SocketAddr = format!("{host}:{port}")
+                .parse()
+                .map_err(|_| format!("GRPC_HOST={host}: not an IP address"))?;
+            if explicit("grpc_addr") && self.grpc_addr != addr {
+                return Err(conflict("grpc-addr", "GRPC_PORT"));
+            }
+            self.grpc_addr = addr;
+        }
+        let mut admin = Vec::new();
+        for name in ["PORT", "DEBUG_PORT"] {
+            if let Some(port) = env(name) {
+                let port: u16 = port
+                    .parse()
+                    .map_err(|_| format!("{name}={port}: not a port"))?;
+                let host = env("HOST").unwrap_or_else(|| "0.0.0.0".into());
+                let addr: SocketAddr = format!("{host}:{port}")
+                    .parse()
+                    .map_err(|_| format!("HOST={host}: not an IP address"))?;
+                if !admin.contains(&addr) {
+                    admin.push(addr);
+                }
+            }
+        }
+        if !admin.is_empty() {
+            if explicit("admin_addr") {
+                return Err(conflict("admin-addr", "PORT/DEBUG_PORT"));
+            }
+            self.admin_addr = admin;
+        }
+        if let Some(level) = env("LOG_LEVEL") {
+            if !explicit("log_level") {
+                self.log_level = level.to_ascii_lowercase();
+            }
+        }
+        if let Some(format) = env("LOG_FORMAT") {
+            self.log_format = match format.to_ascii_lowercase().as_str() {
+                "json" => LogFormat::Json,
+                "text" => LogFormat::Text,
+                other => return Err(format!("LOG_FORMAT={other}: expected text or json")),
+            };
+        }
+        match env("BACKEND_TYPE")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "redis") => {}
+            Some(other) => {
+                return Err(format!(
+                    "BACKEND_TYPE={other}: Tollgate supports redis (and its own memory store)"
+                ));
+            }
+        }
+        let redis_type = match env("REDIS_TYPE")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("") => None,
+            Some("single") => Some(StoreKind::Redis),
+            Some("cluster") => Some(StoreKind::RedisCluster),
+            Some(other) => {
+                return Err(format!(
+                    "REDIS_TYPE={other}: Tollgate supports single and cluster"
+                ));
+            }
+        };
+        if let Some(url) = env("REDIS_URL") {
+            if explicit("redis_url") {
+                return Err(conflict("redis-url", "REDIS_URL"));
+            }
+            // The reference takes host:port (comma-separated for a cluster).
+            let tls = truthy("REDIS_TLS")?.unwrap_or(false);
+            let auth = env("REDIS_AUTH").filter(|a| !a.is_empty());
+            let scheme = if tls { "rediss" } else { "redis" };
+            self.redis_url = url
+                .split(',')
+                .map(|node| {
+                    let node = node.trim();
+                    let bare = node.split_once("://").map_or(node, |(_, rest)| rest);
+                    match &auth {
+                        Some(a) => format!("{scheme}://:{a}@{bare}"),
+                        None => format!("{scheme}://{bare}"),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let wanted = redis_type.unwrap_or(StoreKind::Redis);
+            if explicit("store") && self.store != wanted {
+                return Err(conflict("store", "REDIS_URL/REDIS_TYPE"));
+            }
+            self.store = wanted;
+        } else if redis_type.is_some() {
+            return Err("REDIS_TYPE is set without REDIS_URL".into());
+        }
+        // REDIS_POOL_SIZE is accepted and not needed: connections are
+        // multiplexed, one per worker thread.
+        if let Some(size) = env("REDIS_POOL_SIZE") {
+            size.parse::<u32>()
+                .map_err(|_| format!("REDIS_POOL_SIZE={size}: not a number"))?;
+        }
+        if let Some(on) = truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            self.response_headers = if on { OnOff::On } else { OnOff::Off };
+        }
+        if let Some(on) = truthy("SHADOW_MODE")? {
+            self.shadow_mode |= on;
+        }
+        if let Some(ratio) = env("NEAR_LIMIT_RATIO") {
+            self.near_limit_ratio = ratio
+                .parse()
+                .map_err(|_| format!("NEAR_LIMIT_RATIO={ratio}: not a number"))?;
+        }
+        if let Some(bytes) = env("LOCAL_CACHE_SIZE_IN_BYTES") {
+            let bytes: u64 = bytes
+                .parse()
+                .map_err(|_| format!("LOCAL_CACHE_SIZE_IN_BYTES={bytes}: not a number"))?;
+            if bytes > 0 {
+                self.over_limit_cache = OnOff::On;
+            }
+        }
+        if let Some(root) = env("RUNTIME_ROOT") {
+            if explicit("rules") {
+                return Err(conflict("rules", "RUNTIME_ROOT"));
+            }
+            let sub = env("RUNTIME_SUBDIRECTORY").unwrap_or_default();
+            self.rules = vec![PathBuf::from(root).join(sub).join("config")];
+        }
+        if truthy("RUNTIME_WATCH_ROOT")? == Some(false)
+            || truthy("RUNTIME_IGNOREDOTFILES")? == Some(false)
+        {
+            // Accepted: Tollgate always skips dot files and watches the rules path.
+        }
+        if truthy("USE_STATSD")? == Some(true) {
+            return Err("USE_STATSD=true: Tollgate exports Prometheus metrics on /metrics instead of statsd".into());
+        }
+        if !(0.0..=1.0).contains(&self.near_limit_ratio) {
+            return Err(format!(
+                "near limit ratio {} must be between 0 and 1",
+                self.near_limit_ratio
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Every `TOLLGATE_*` variable Tollgate reads; any other stops start-up
+/// (a typo must not silently leave a setting at its default).
+pub const KNOWN_ENV: &[&str] = &[
+    "TOLLGATE_RULES",
+    "TOLLGATE_GRPC_ADDR",
+    "TOLLGATE_DEFAULT_ALGORITHM",
+    "TOLLGATE_RESPONSE_HEADERS",
+    "TOLLGATE_MERGE_DOMAINS",
+    "TOLLGATE_FAILURE_MODE",
+    "TOLLGATE_MAX_KEYS",
+    "TOLLGATE_WORKERS",
+    "TOLLGATE_STORE",
+    "TOLLGATE_REDIS_URL",
+    "TOLLGATE_REDIS_TIMEOUT",
+    "TOLLGATE_REDIS_PREFIX",
+    "TOLLGATE_REDIS_BREAKER",
+    "TOLLGATE_OVER_LIMIT_CACHE",
+    "TOLLGATE_ON_STORE_ERROR",
+    "TOLLGATE_INSTANCES",
+    "TOLLGATE_ADMIN_ADDR",
+    "TOLLGATE_WATCH_RULES",
+    "TOLLGATE_WATCH_INTERVAL",
+    "TOLLGATE_SHADOW_MODE",
+    "TOLLGATE_NEAR_LIMIT_RATIO",
+    "TOLLGATE_SHUTDOWN_DELAY",
+    "TOLLGATE_LOG_LEVEL",
+    "TOLLGATE_LOG_FORMAT",
+    "TOLLGATE_ENVOY",
+];
 
 /// `tollgate check`.
 #[derive(Debug, Args, Clone)]

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
+use crate::metrics::{LimitStats, Metrics};
 use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
 use crate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store, StoreError};
 
@@ -114,6 +115,10 @@ pub struct LimiterOptions {
     /// Tollgate instances sharing the store: the `local` failure mode allows
     /// `requests_per_unit / instances` per instance.
     pub instances: u32,
+    /// Global shadow mode: over-limit decisions are answered OK (and counted).
+    pub shadow_mode: bool,
+    /// Admitted hits above this share of the limit count as near the limit.
+    pub near_limit_ratio: f64,
 }
 
 impl Default for LimiterOptions {
@@ -124,6 +129,8 @@ impl Default for LimiterOptions {
             default_algorithm: Algorithm::SlidingWindow,
             unavailable_on_store_error: false,
             instances: 1,
+            shadow_mode: false,
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -136,7 +143,13 @@ pub struct Limiter {
     fallback: MemoryStore,
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
+    metrics: Arc<Metrics>,
+    /// Key hash -> window of its last logged refusal (see `log_refusal`).
+    refusals: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
 }
+
+/// Refusal-log entries kept before the oldest windows are forgotten.
+const REFUSAL_LOG_KEYS: usize = 100_000;
 
 impl std::fmt::Debug for Limiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,7 +182,19 @@ impl Limiter {
             fallback: MemoryStore::new(MemoryStoreOptions::default()),
             clock,
             options,
+            metrics: Arc::new(Metrics::default()),
+            refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// The metrics this limiter records.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The limiter's settings.
+    pub fn options(&self) -> &LimiterOptions {
+        &self.options
     }
 
     /// Swaps in a new rule set; requests in flight finish on the old one.
@@ -194,14 +219,43 @@ impl Limiter {
 
     /// Decides a request.
     pub async fn should_rate_limit(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
-        let mut plan = self.plan(request)?;
+        let started = std::time::Instant::now();
+        let mut plan = self.plan(request).inspect_err(|e| self.count_error(e))?;
         let failed = if plan.checks.is_empty() {
             None
         } else {
             let now = self.clock.now();
-            self.store.decide(&mut plan.checks, now).await.err()
+            let called = std::time::Instant::now();
+            let result = self.store.decide(&mut plan.checks, now).await;
+            self.count_store_call(called, &result);
+            result.err()
         };
-        self.finish(plan, failed)
+        let decided = self.finish(plan, failed);
+        self.metrics
+            .response_time
+            .observe(started.elapsed().as_secs_f64());
+        decided
+    }
+
+    fn count_store_call(&self, started: std::time::Instant, result: &Result<(), StoreError>) {
+        self.metrics
+            .store_call
+            .observe(started.elapsed().as_secs_f64());
+        let counter = match result {
+            Ok(()) => return,
+            Err(StoreError::Timeout(_)) => &self.metrics.store_timeout,
+            Err(StoreError::CircuitOpen) => &self.metrics.store_circuit_open,
+            Err(_) => &self.metrics.store_error,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn count_error(&self, error: &LimitError) {
+        let counter = match error {
+            LimitError::InvalidArgument(_) => &self.metrics.invalid_argument,
+            LimitError::Unavailable(_) => &self.metrics.unavailable,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Decides a request at once when the store can answer without waiting
@@ -212,17 +266,29 @@ impl Limiter {
         if !self.store.answers_at_once() {
             return None;
         }
+        let started = std::time::Instant::now();
         let mut plan = match self.plan(request) {
             Ok(plan) => plan,
-            Err(e) => return Some(Err(e)),
+            Err(e) => {
+                self.count_error(&e);
+                return Some(Err(e));
+            }
         };
         let failed = if plan.checks.is_empty() {
             None
         } else {
             let now = self.clock.now();
-            self.store.decide_now(&mut plan.checks, now)?.err()
+            let result = self.store.decide_now(&mut plan.checks, now)?;
+            if result.is_err() {
+                self.count_store_call(started, &result);
+            }
+            result.err()
         };
-        Some(self.finish(plan, failed))
+        let decided = self.finish(plan, failed);
+        self.metrics
+            .response_time
+            .observe(started.elapsed().as_secs_f64());
+        Some(decided)
     }
 
     /// Resolves every descriptor to a limit (or none) and builds the store checks.
@@ -292,7 +358,9 @@ impl Limiter {
         } = plan;
         if let Some(err) = failed {
             if self.options.unavailable_on_store_error {
-                return Err(LimitError::Unavailable(err));
+                let err = LimitError::Unavailable(err);
+                self.count_error(&err);
+                return Err(err);
             }
             tracing::debug!(%err, "store failed; answering from failure modes");
             self.apply_failure_modes(&planned, &mut checks);
@@ -313,8 +381,13 @@ impl Limiter {
                 Some(o) => (o.allowed, o.remaining, o.wait),
                 None => (true, plan.limit.requests_per_unit, 0),
             };
-            let over = !allowed && !plan.shadow;
+            let check = &checks[plan.check];
+            let over = !allowed && check.enforced;
             over_limit |= over;
+            self.count_decision(plan, check, allowed, remaining);
+            if !allowed {
+                self.log_refusal(plan, check, over);
+            }
             statuses.push(Status {
                 over_limit: over,
                 limit: Some(applied(plan)),
@@ -334,6 +407,94 @@ impl Limiter {
         })
     }
 
+    /// Per-limit counters, as the reference keeps them.
+    fn count_decision(&self, plan: &Planned, check: &Check, allowed: bool, remaining: u32) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = self.stats(plan, check);
+        let hits = check.hits;
+        stats.total_hits.fetch_add(hits, Relaxed);
+        if !allowed {
+            stats.over_limit.fetch_add(hits, Relaxed);
+            if !check.enforced {
+                stats.shadow_mode.fetch_add(hits, Relaxed);
+            }
+            return;
+        }
+        stats.within_limit.fetch_add(hits, Relaxed);
+        let limit = f64::from(plan.limit.requests_per_unit);
+        let used = limit - f64::from(remaining);
+        if used > limit * self.options.near_limit_ratio {
+            stats.near_limit.fetch_add(hits, Relaxed);
+        }
+    }
+
+    /// The counters for a descriptor: the rule's (labels from its path), or,
+    /// when the rule opts in with `detailed_metric`/`value_to_metric`, labels
+    /// with the request's values.
+    fn stats(&self, plan: &Planned, check: &Check) -> Arc<LimitStats> {
+        let detailed = |labels_from_values: bool| {
+            let parts = check.key.parts();
+            let keys: SmallVec<[String; 4]> = parts
+                .entries
+                .iter()
+                .map(|(k, v)| {
+                    if labels_from_values {
+                        format!("{k}_{v}")
+                    } else {
+                        (*k).to_owned()
+                    }
+                })
+                .collect();
+            self.metrics.limit(&crate::rules::metric_labels(
+                parts.domain,
+                keys.iter().map(String::as_str),
+            ))
+        };
+        match &plan.rule {
+            Some(rule) if rule.detailed_metric || rule.value_to_metric => detailed(true),
+            Some(rule) => rule
+                .stats
+                .get_or_init(|| self.metrics.limit(&rule.metric_labels))
+                .clone(),
+            // A limit sent in the request: labelled by its keys only.
+            None => detailed(false),
+        }
+    }
+
+    /// Logs the first refusal of a key in each window; later ones in the same
+    /// window are only counted, so a flood cannot flood the logs.
+    fn log_refusal(&self, plan: &Planned, check: &Check, enforced: bool) {
+        let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
+        let window = self.clock.now() / plan.limit.unit.nanos();
+        {
+            let mut seen = self.refusals.lock();
+            if seen.get(&id) == Some(&window) {
+                return;
+            }
+            if seen.len() >= REFUSAL_LOG_KEYS {
+                seen.retain(|_, w| *w >= window);
+                if seen.len() >= REFUSAL_LOG_KEYS {
+                    seen.clear();
+                }
+            }
+            seen.insert(id, window);
+        }
+        let parts = check.key.parts();
+        let rule = plan
+            .rule
+            .as_ref()
+            .map_or("(limit from the request)", |r| r.path.as_str());
+        tracing::info!(
+            rule,
+            domain = parts.domain,
+            descriptor = ?parts.entries,
+            limit = plan.limit.requests_per_unit,
+            unit = plan.limit.unit.name(),
+            shadow = !enforced,
+            "over the limit (first refusal for this key in this window; later ones are only counted)"
+        );
+    }
+
     /// The store could not decide: each descriptor gets its rule's failure
     /// mode. `local` ones are decided together on the in-process fallback,
     /// with the limit divided by the number of instances (rounded up, so a
@@ -345,6 +506,8 @@ impl Limiter {
             let check = &mut checks[plan.check];
             let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
             let allowed = mode == FailureMode::Allow;
+            self.metrics.failure_mode[mode as usize]
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             check.outcome = Some(crate::algorithm::Outcome {
                 allowed,
                 remaining: if allowed {

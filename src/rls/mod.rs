@@ -91,7 +91,7 @@ fn unit_to_proto(unit: Unit) -> PbUnit {
 }
 
 /// Borrows the wire request as a domain request.
-fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
+pub(crate) fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
     let mut descriptors = smallvec::SmallVec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         let limit_override = match &d.limit {
@@ -140,7 +140,7 @@ fn duration(n: Nanos) -> PbDuration {
     }
 }
 
-fn to_proto(decision: Decision) -> RateLimitResponse {
+pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
     let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
     RateLimitResponse {
         overall_code: code(decision.over_limit),

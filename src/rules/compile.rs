@@ -12,6 +12,19 @@ use super::matcher::{KeyRules, Level, Node};
 use super::{FailureMode, Limit, LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source, Unit};
 use crate::algorithm::Algorithm;
 
+/// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
+pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
+    let mut labels = String::from("domain=\"");
+    crate::metrics::label_value(&mut labels, domain);
+    labels.push('"');
+    for (i, key) in keys.enumerate() {
+        labels.push_str(&format!(",key{}=\"", i + 1));
+        crate::metrics::label_value(&mut labels, key);
+        labels.push('"');
+    }
+    labels
+}
+
 pub(super) struct Compiler {
     options: LoadOptions,
     /// Domain -> (file that first declared it, its rules).
@@ -328,6 +341,8 @@ impl Compiler {
                 file: file.clone(),
                 line: descriptor_pos.map_or(0, |p| p.0),
             },
+            metric_labels: metric_labels(domain, path.split('.').skip(1)),
+            stats: std::sync::OnceLock::new(),
         })
     }
 

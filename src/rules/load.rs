@@ -28,13 +28,19 @@ impl Default for LoadOptions {
     }
 }
 
-/// Loads every rule file under `paths` (files or directories) as one set.
-pub fn load_paths(paths: &[PathBuf], options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
+/// The rule files under `paths`, and the paths that could not be read.
+pub fn rule_files(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<RuleError>) {
     let mut files = Vec::new();
     let mut errors = Vec::new();
     for path in paths {
         collect(path, &mut files, &mut errors);
     }
+    (files, errors)
+}
+
+/// Loads every rule file under `paths` (files or directories) as one set.
+pub fn load_paths(paths: &[PathBuf], options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
+    let (files, mut errors) = rule_files(paths);
     let mut sources = Vec::with_capacity(files.len());
     for file in files {
         match std::fs::read_to_string(&file) {

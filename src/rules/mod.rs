@@ -16,8 +16,9 @@ use std::sync::Arc;
 use crate::algorithm::Algorithm;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
+pub(crate) use compile::metric_labels;
 pub use error::{RuleError, RuleErrors};
-pub use load::{LoadOptions, load_paths, load_sources};
+pub use load::{LoadOptions, load_paths, load_sources, rule_files};
 pub use matcher::Matched;
 
 /// The time unit of a limit, as in Envoy's `RateLimitResponse.RateLimit.Unit`.
@@ -94,7 +95,7 @@ impl Unit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureMode {
     /// Fail open: admit the request.
-    Allow,
+    Allow = 0,
     /// Fail closed: refuse the request.
     Deny,
     /// Fall back to an in-process limit of `requests_per_unit / instances`.
@@ -140,7 +141,7 @@ impl Limit {
 }
 
 /// One compiled rule: a descriptor path in a domain with its limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Rule {
     /// The domain the rule belongs to.
     pub domain: Arc<str>,
@@ -169,6 +170,11 @@ pub struct Rule {
     pub quota_mode: bool,
     /// Where the rule was written.
     pub source: Source,
+    /// Prometheus labels for this limit (`domain="..",key1="..",...`),
+    /// from the rule's path, never from request values.
+    pub metric_labels: String,
+    /// This rule's counters, found once (they outlive reloads).
+    pub stats: std::sync::OnceLock<std::sync::Arc<crate::metrics::LimitStats>>,
 }
 
 /// A place in a rule file.

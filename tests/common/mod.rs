@@ -17,6 +17,8 @@ use tonic::transport::Channel;
 pub struct Tollgate {
     pub child: Child,
     pub addr: SocketAddr,
+    /// Admin HTTP.
+    pub admin: SocketAddr,
     pub dir: tempfile::TempDir,
     /// Everything the server wrote to stderr so far.
     pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
@@ -32,7 +34,7 @@ impl Tollgate {
             .arg("serve")
             .arg("--rules")
             .arg(&path)
-            .args(["--grpc-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -54,10 +56,14 @@ impl Tollgate {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut admin = None;
         let addr = loop {
             assert!(Instant::now() < deadline, "tollgate did not start in time");
             match lines.next() {
                 Some(Ok(line)) => {
+                    if let Some(addr) = line.strip_prefix("tollgate: admin listening on ") {
+                        admin = Some(addr.parse().expect("address"));
+                    }
                     if let Some(addr) = line.strip_prefix("tollgate: gRPC listening on ") {
                         break addr.parse().expect("address");
                     }
@@ -65,11 +71,13 @@ impl Tollgate {
                 _ => panic!("tollgate exited before listening: {:?}", child.wait()),
             }
         };
+        let admin = admin.expect("admin address printed before the gRPC one");
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         Tollgate {
             child,
             addr,
+            admin,
             dir,
             stderr,
         }
@@ -79,6 +87,11 @@ impl Tollgate {
         RateLimitServiceClient::connect(format!("http://{}", self.addr))
             .await
             .expect("connect to tollgate")
+    }
+
+    /// The rule file the server was started on.
+    pub fn rules_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("rules.yaml")
     }
 
     /// How many stderr lines so far contain `needle`.

@@ -1,0 +1,130 @@
+//! Admin HTTP, on its own port: `/healthcheck`, `/metrics` (Prometheus),
+//! `/json` (a RateLimitRequest as JSON, as the reference's `/json`) and
+//! `/rlconfig` (the loaded rules, one line per limit).
+
+mod json;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::limiter::{LimitError, Limiter};
+use crate::store::Store;
+
+/// Whether this instance should receive traffic.
+#[derive(Debug, Default)]
+pub struct Health {
+    draining: AtomicBool,
+}
+
+impl Health {
+    /// Marks the instance as shutting down: health checks fail from now on,
+    /// so load balancers drain it before it exits.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// `Ok` when the instance is serving, the rules are loaded and the store
+    /// answers; otherwise the reason.
+    pub async fn check(&self, limiter: &Limiter) -> Result<(), String> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err("shutting down".into());
+        }
+        if limiter.rules().domain_count() == 0 {
+            return Err("no rules loaded".into());
+        }
+        match limiter.store() {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(redis) => {
+                if redis.circuit_open() {
+                    return Err("store: Redis unavailable (circuit open)".into());
+                }
+                redis.ping().await.map_err(|e| format!("store: {e}"))
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    limiter: Arc<Limiter>,
+    health: Arc<Health>,
+}
+
+/// The admin routes.
+pub fn router(limiter: Arc<Limiter>, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/json", post(json))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(AdminState { limiter, health })
+}
+
+async fn healthcheck(State(s): State<AdminState>) -> Response {
+    match s.health.check(&s.limiter).await {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(reason) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{reason}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let open = matches!(s.limiter.store(), Store::Redis(r) if r.circuit_open());
+    s.limiter
+        .metrics()
+        .circuit_open
+        .store(u64::from(open), Ordering::Relaxed);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.limiter.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn rlconfig(State(s): State<AdminState>) -> Response {
+    s.limiter.rules().to_string().into_response()
+}
+
+async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
+    let request = match json::request_from_json(&body) {
+        Ok(request) => request,
+        Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+    };
+    let domain_request = match crate::rls::to_domain(&request) {
+        Ok(r) => r,
+        Err(status) => {
+            return (StatusCode::BAD_REQUEST, format!("{}\n", status.message())).into_response();
+        }
+    };
+    match s.limiter.should_rate_limit(&domain_request).await {
+        Ok(decision) => {
+            let code = if decision.over_limit {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let response = crate::rls::to_proto(decision);
+            (
+                code,
+                [(header::CONTENT_TYPE, "application/json")],
+                json::response_to_json(&response).to_string(),
+            )
+                .into_response()
+        }
+        Err(LimitError::InvalidArgument(reason)) => {
+            (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
+        }
+        Err(e @ LimitError::Unavailable(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! Every metric in one place, written in the Prometheus text format.
+//!
+//! Names and labels follow envoyproxy/ratelimit's Prometheus mapping
+//! (`ratelimit_service_rate_limit_*{domain, key1, key2, ...}`), so existing
+//! dashboards keep working. Label values come from the rules (the
+//! descriptor's path, e.g. `key1="path_/login"`, `key2="remote_address"`);
+//! request values appear only where a rule opts in with `detailed_metric` or
+//! `value_to_metric`, so cardinality is bounded by the rules, not by traffic.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
+/// Counters of one limit (one label set).
+#[derive(Debug, Default)]
+pub struct LimitStats {
+    /// Hits asked for (hits_addend summed).
+    pub total_hits: AtomicU64,
+    /// Hits refused (or, in shadow mode, that would have been).
+    pub over_limit: AtomicU64,
+    /// Hits admitted above the near-limit ratio.
+    pub near_limit: AtomicU64,
+    /// Hits admitted.
+    pub within_limit: AtomicU64,
+    /// Hits over the limit but admitted because of shadow mode.
+    pub shadow_mode: AtomicU64,
+}
+
+/// Latency buckets in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+];
+
+/// A Prometheus histogram.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, seconds: f64) {
+        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// Every metric of the process.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    limits: RwLock<BTreeMap<String, Arc<LimitStats>>>,
+    /// ShouldRateLimit latency.
+    pub response_time: Histogram,
+    /// Requests refused as malformed.
+    pub invalid_argument: AtomicU64,
+    /// Requests answered UNAVAILABLE (the reference's store-error mode).
+    pub unavailable: AtomicU64,
+    /// Store call latency.
+    pub store_call: Histogram,
+    /// Store errors: timeouts.
+    pub store_timeout: AtomicU64,
+    /// Store errors: circuit open (not attempted).
+    pub store_circuit_open: AtomicU64,
+    /// Store errors: other.
+    pub store_error: AtomicU64,
+    /// Descriptors answered from a failure mode: allow, deny, local.
+    pub failure_mode: [AtomicU64; 3],
+    /// 1 while the store's circuit is open.
+    pub circuit_open: AtomicU64,
+    /// Rule loads that succeeded.
+    pub config_load_success: AtomicU64,
+    /// Rule loads that failed (the old rules stayed in force).
+    pub config_load_error: AtomicU64,
+    /// Unix time of the last good load.
+    pub config_last_success: AtomicU64,
+}
+
+impl Metrics {
+    /// The counters for one label set (`domain`, then `key1`, `key2`, ...).
+    pub fn limit(&self, labels: &str) -> Arc<LimitStats> {
+        if let Some(stats) = self.limits.read().get(labels) {
+            return stats.clone();
+        }
+        self.limits
+            .write()
+            .entry(labels.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let limits = self.limits.read();
+        let per_limit: [(&str, &str, fn(&LimitStats) -> &AtomicU64); 5] = [
+            ("total_hits", "Hits asked for, per limit.", |s| {
+                &s.total_hits
+            }),
+            ("over_limit", "Hits over the limit, per limit.", |s| {
+                &s.over_limit
+            }),
+            (
+                "near_limit",
+                "Admitted hits above the near-limit ratio, per limit.",
+                |s| &s.near_limit,
+            ),
+            ("within_limit", "Admitted hits, per limit.", |s| {
+                &s.within_limit
+            }),
+            (
+                "shadow_mode",
+                "Hits over the limit admitted by shadow mode, per limit.",
+                |s| &s.shadow_mode,
+            ),
+        ];
+        for (name, help, field) in per_limit {
+            let metric = format!("ratelimit_service_rate_limit_{name}");
+            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+            for (labels, stats) in limits.iter() {
+                let _ = writeln!(
+                    out,
+                    "{metric}{{{labels}}} {}",
+                    field(stats).load(Ordering::Relaxed)
+                );
+            }
+        }
+        drop(limits);
+        self.response_time.write(
+            &mut out,
+            "ratelimit_server_should_rate_limit_response_time_seconds",
+            "ShouldRateLimit latency.",
+        );
+        let counters: [(&str, &str, &AtomicU64, &str); 11] = [
+            (
+                "ratelimit_service_call_should_rate_limit_service_error",
+                "Requests refused as malformed (INVALID_ARGUMENT).",
+                &self.invalid_argument,
+                "counter",
+            ),
+            (
+                "ratelimit_service_call_should_rate_limit_redis_error",
+                "Requests answered UNAVAILABLE because the store failed.",
+                &self.unavailable,
+                "counter",
+            ),
+            (
+                "tollgate_store_timeouts_total",
+                "Store calls that timed out.",
+                &self.store_timeout,
+                "counter",
+            ),
+            (
+                "tollgate_store_circuit_open_total",
+                "Store calls not attempted because the circuit was open.",
+                &self.store_circuit_open,
+                "counter",
+            ),
+            (
+                "tollgate_store_errors_total",
+                "Other store errors.",
+                &self.store_error,
+                "counter",
+            ),
+            (
+                "tollgate_failure_mode_allow_total",
+                "Descriptors admitted by failure_mode allow.",
+                &self.failure_mode[0],
+                "counter",
+            ),
+            (
+                "tollgate_failure_mode_deny_total",
+                "Descriptors refused by failure_mode deny.",
+                &self.failure_mode[1],
+                "counter",
+            ),
+            (
+                "tollgate_failure_mode_local_total",
+                "Descriptors decided by the local fallback.",
+                &self.failure_mode[2],
+                "counter",
+            ),
+            (
+                "tollgate_store_circuit_open",
+                "1 while the store's circuit is open.",
+                &self.circuit_open,
+                "gauge",
+            ),
+            (
+                "ratelimit_service_config_load_success",
+                "Rule loads that succeeded.",
+                &self.config_load_success,
+                "counter",
+            ),
+            (
+                "ratelimit_service_config_load_error",
+                "Rule loads that failed; the rules in force were kept.",
+                &self.config_load_error,
+                "counter",
+            ),
+        ];
+        for (name, help, value, kind) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                value.load(Ordering::Relaxed)
+            );
+        }
+        self.store_call.write(
+            &mut out,
+            "tollgate_store_call_seconds",
+            "Store call latency.",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_config_last_success_timestamp_seconds Unix time of the last good rule load.\n\
+             # TYPE tollgate_config_last_success_timestamp_seconds gauge\n\
+             tollgate_config_last_success_timestamp_seconds {}",
+            self.config_last_success.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+pub fn label_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
