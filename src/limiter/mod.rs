@@ -332,12 +332,14 @@ impl Limiter {
                 key.entry(k, value);
             }
             let hits = descriptor.hits_addend.unwrap_or(hits_default);
+            // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
+            let enforced = !shadow && !self.options.shadow_mode;
             checks.push(Check::new(
                 key,
                 limit.algorithm,
                 limit.quota(),
                 hits,
-                !shadow,
+                enforced,
             ));
             planned.push(Some(Planned {
                 rule,

@@ -152,15 +152,28 @@ pub fn http(
     path: &str,
     headers: &[(&str, &str)],
 ) -> std::io::Result<Response> {
+    http_with_body(addr, method, path, headers, "")
+}
+
+/// One HTTP/1.1 request with a body, on a new connection.
+pub fn http_with_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
     );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
+    req.push_str(body);
     stream.write_all(req.as_bytes())?;
     let mut raw = String::new();
     stream.read_to_string(&mut raw)?;

@@ -30,10 +30,13 @@ impl Tollgate {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("rules.yaml");
         std::fs::write(&path, rules).expect("write rules");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .arg("serve")
-            .arg("--rules")
-            .arg(&path)
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command.arg("serve");
+        // The test's own --rules, if it passes one, replaces the rules text.
+        if !args.contains(&"--rules") {
+            command.arg("--rules").arg(&path);
+        }
+        let mut child = command
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())

@@ -1,0 +1,486 @@
+//! Day two: hot reload (edits, invalid edits, ConfigMap symlink swaps,
+//! SIGHUP), admin HTTP (/healthcheck, /json, /metrics, /rlconfig), global
+//! shadow mode, refusal logs, and the settings a reference Deployment uses.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::envoy::{http, http_with_body};
+use common::redis::RedisServer;
+use common::{Tollgate, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+fn rules(limit: u32) -> String {
+    format!(
+        "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n  - key: other\n    rate_limit: {{unit: hour, requests_per_unit: 100}}\n"
+    )
+}
+
+async fn remaining(server: &Tollgate, key: &str, value: &str) -> Option<u32> {
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("ops", &[&[(key, value)]]))
+        .await
+        .expect("ok")
+        .into_inner();
+    r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
+fn metric(server: &Tollgate, name: &str) -> f64 {
+    let body = http(server.admin, "GET", "/metrics", &[])
+        .expect("metrics")
+        .body;
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `f` every 20 ms until it holds, for at most `within`.
+async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_valid_edit_is_live_within_a_second_and_counters_survive() {
+    let server = Tollgate::start(&rules(5), &[]);
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        client
+            .should_rate_limit(request("ops", &[&[("other", "x")]]))
+            .await
+            .expect("ok");
+    }
+    write_atomically(&server.rules_path(), &rules(7));
+    let started = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(1), async || remaining(
+            &server, "user", "a"
+        )
+        .await
+            == Some(7))
+        .await
+    );
+    println!("reload took {:?}", started.elapsed());
+    // `other` did not change: its counter survived (100 - 2 - this one).
+    let r = client
+        .should_rate_limit(request("ops", &[&[("other", "x")]]))
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 97);
+    assert_eq!(
+        metric(&server, "ratelimit_service_config_load_success"),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_edit_keeps_the_rules_in_force() {
+    let server = Tollgate::start(&rules(5), &[]);
+    let bad = [
+        (
+            "bad YAML",
+            "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour\n",
+        ),
+        (
+            "bad unit",
+            "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+        ),
+        (
+            "duplicate key",
+            "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+        ),
+    ];
+    for (i, (what, text)) in bad.iter().enumerate() {
+        write_atomically(&server.rules_path(), text);
+        let errors = (i + 1) as f64;
+        assert!(
+            eventually(Duration::from_secs(2), async || metric(
+                &server,
+                "ratelimit_service_config_load_error"
+            ) == errors)
+            .await,
+            "{what}: the error is counted"
+        );
+        assert_eq!(
+            remaining(&server, "user", "a").await,
+            Some(5),
+            "{what}: old rules answer"
+        );
+    }
+    assert!(
+        server.log_count("rules.yaml:4:") >= 2,
+        "errors are logged with file and line"
+    );
+    assert!(
+        server.log_count("rules.yaml:5:") >= 1,
+        "the duplicate is located"
+    );
+    // The next valid change is picked up.
+    write_atomically(&server.rules_path(), &rules(9));
+    assert!(
+        eventually(Duration::from_secs(1), async || remaining(
+            &server, "user", "a"
+        )
+        .await
+            == Some(9))
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configmap_symlink_swap_reloads_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // The layout kubelet makes: rules.yaml -> ..data/rules.yaml, ..data -> ..2026_1.
+    std::fs::create_dir(d.join("..2026_1")).expect("mkdir");
+    std::fs::write(d.join("..2026_1/rules.yaml"), rules(5)).expect("write");
+    std::os::unix::fs::symlink("..2026_1", d.join("..data")).expect("symlink");
+    std::os::unix::fs::symlink("..data/rules.yaml", d.join("rules.yaml")).expect("symlink");
+    let dir_arg = d.to_str().expect("utf-8 path").to_owned();
+    let server = Tollgate::start(&rules(1), &["--rules", &dir_arg]);
+    assert_eq!(
+        remaining(&server, "user", "a").await,
+        Some(5),
+        "the directory's rules are used"
+    );
+    std::fs::create_dir(d.join("..2026_2")).expect("mkdir");
+    std::fs::write(d.join("..2026_2/rules.yaml"), rules(8)).expect("write");
+    std::os::unix::fs::symlink("..2026_2", d.join("..data_tmp")).expect("symlink");
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).expect("atomic swap");
+    std::fs::remove_dir_all(d.join("..2026_1")).expect("old version removed");
+    assert!(
+        eventually(Duration::from_secs(1), async || remaining(
+            &server, "user", "a"
+        )
+        .await
+            == Some(8))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        metric(&server, "ratelimit_service_config_load_success"),
+        2.0,
+        "start + one reload"
+    );
+    assert_eq!(metric(&server, "ratelimit_service_config_load_error"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads() {
+    let server = Tollgate::start(&rules(5), &["--watch-rules", "off"]);
+    write_atomically(&server.rules_path(), &rules(6));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        remaining(&server, "user", "a").await,
+        Some(5),
+        "not watching"
+    );
+    let hup = Command::new("kill")
+        .args(["-HUP", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    assert!(
+        eventually(Duration::from_secs(1), async || remaining(
+            &server, "user", "a"
+        )
+        .await
+            == Some(6))
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthcheck_fails_when_the_store_is_down_and_while_shutting_down() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut server = Tollgate::start(
+        &rules(5),
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "50ms",
+            "--shutdown-delay",
+            "2s",
+        ],
+    );
+    assert_eq!(
+        http(server.admin, "GET", "/healthcheck", &[])
+            .expect("answer")
+            .status,
+        200
+    );
+    redis.kill();
+    let down = http(server.admin, "GET", "/healthcheck", &[]).expect("answer");
+    assert_eq!(down.status, 500);
+    assert!(down.body.contains("store"), "{}", down.body);
+    redis.restart();
+    assert!(
+        eventually(Duration::from_secs(3), async || http(
+            server.admin,
+            "GET",
+            "/healthcheck",
+            &[]
+        )
+        .is_ok_and(|r| r.status == 200))
+        .await
+    );
+
+    let term = Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let draining =
+        http(server.admin, "GET", "/healthcheck", &[]).expect("still answering while draining");
+    assert_eq!(draining.status, 500);
+    assert!(draining.body.contains("shutting down"));
+    assert!(
+        server.child.try_wait().expect("wait").is_none(),
+        "not exited yet"
+    );
+    let exit = server.child.wait().expect("wait");
+    assert!(exit.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_answers_200_429_and_400() {
+    let server = Tollgate::start(&rules(1), &[]);
+    let body = r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
+    let ok = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let v: serde_json::Value = serde_json::from_str(&ok.body).expect("JSON");
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 1);
+    let over = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    assert_eq!(over.status, 429);
+    assert!(over.body.contains("OVER_LIMIT"));
+    for bad in [
+        "{",
+        r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j","extra":1}]}]}"#,
+        r#"{"domain":"","descriptors":[]}"#,
+    ] {
+        let r = http_with_body(server.admin, "POST", "/json", &[], bad).expect("answer");
+        assert_eq!(r.status, 400, "{bad}");
+        assert!(!r.body.trim().is_empty(), "a reason is given");
+    }
+    let config = http(server.admin, "GET", "/rlconfig", &[]).expect("answer");
+    assert!(
+        config.body.contains("ops.user: 1 per hour"),
+        "{}",
+        config.body
+    );
+}
+
+/// The metric names listed in the README's metrics table.
+fn readme_metrics() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README");
+    let section = readme
+        .split("## Metrics")
+        .nth(1)
+        .expect("a Metrics section")
+        .split("\n## ")
+        .next()
+        .unwrap_or("");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_metric_in_the_readme_appears_after_traffic() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let text = "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: watch\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let server = Tollgate::start(
+        text,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "30ms",
+            "--redis-breaker",
+            "2",
+        ],
+    );
+    let mut client = server.client().await;
+    for _ in 0..4 {
+        let _ = client
+            .should_rate_limit(request("ops", &[&[("user", "m")], &[("watch", "w")]]))
+            .await;
+    }
+    let _ = client.should_rate_limit(request("", &[])).await;
+    redis.kill();
+    for _ in 0..4 {
+        let _ = client
+            .should_rate_limit(request("ops", &[&[("user", "n")]]))
+            .await;
+    }
+    let body = http(server.admin, "GET", "/metrics", &[])
+        .expect("metrics")
+        .body;
+    let names = readme_metrics();
+    assert!(names.len() >= 15, "the README lists the metrics: {names:?}");
+    for name in &names {
+        assert!(
+            body.lines().any(|l| l.starts_with(name.as_str())),
+            "{name} missing from /metrics"
+        );
+    }
+    assert!(
+        body.contains(r#"ratelimit_service_rate_limit_over_limit{domain="ops",key1="user"} 2"#),
+        "{body}"
+    );
+    // watch (limit 1) was over on 3 of 4 calls, two of them in calls the user limit refused.
+    assert!(
+        body.contains(r#"ratelimit_service_rate_limit_shadow_mode{domain="ops",key1="watch"} 3"#),
+        "{body}"
+    );
+    assert!(
+        !body.contains("key1=\"user_m\""),
+        "request values stay out of labels without detailed_metric"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn global_shadow_mode_reports_ok_and_counts() {
+    let server = Tollgate::start(&rules(1), &["--shadow-mode"]);
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request("ops", &[&[("user", "s")]]))
+            .await
+            .expect("ok")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    assert_eq!(
+        metric(&server, "ratelimit_service_rate_limit_shadow_mode"),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_refusals_logs_one_line_per_key_and_window() {
+    let server = Tollgate::start(&rules(1), &[]);
+    let mut client = server.client().await;
+    for _ in 0..50 {
+        let _ = client
+            .should_rate_limit(request("ops", &[&[("user", "flood")]]))
+            .await;
+    }
+    let _ = client
+        .should_rate_limit(request("ops", &[&[("user", "other")]]))
+        .await;
+    let _ = client
+        .should_rate_limit(request("ops", &[&[("user", "other")]]))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.log_count("over the limit"),
+        2,
+        "one line for flood, one for other"
+    );
+    assert_eq!(server.log_count("\"flood\""), 1);
+}
+
+#[test]
+fn settings_from_a_reference_deployment_are_honoured_and_mistakes_stop_start_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("current/ratelimit/config")).expect("mkdir");
+    std::fs::write(dir.path().join("current/ratelimit/config/r.yaml"), rules(3)).expect("write");
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        cmd.arg("serve")
+            .args(args)
+            .env("RUNTIME_ROOT", dir.path().join("current"))
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.args(["--shutdown-delay", "10ms"]);
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(Duration::from_millis(700));
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("output");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let grpc = common::redis::free_port().to_string();
+    let port = common::redis::free_port().to_string();
+    let (stdout, stderr) = run(
+        &[
+            ("GRPC_PORT", &grpc),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("PORT", &port),
+            ("HOST", "127.0.0.1"),
+            ("LOG_LEVEL", "debug"),
+            ("SHADOW_MODE", "false"),
+        ],
+        &[],
+    );
+    assert!(
+        stdout.contains(&format!("gRPC listening on 127.0.0.1:{grpc}")),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("admin listening on 127.0.0.1:{port}")),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stderr.contains("rules=2"),
+        "rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config: {stderr}"
+    );
+
+    let (_, stderr) = run(&[("TOLLGATE_GRPC_ADDRES", "127.0.0.1:1")], &[]);
+    assert!(
+        stderr.contains("unknown setting(s) TOLLGATE_GRPC_ADDRES"),
+        "{stderr}"
+    );
+    let (_, stderr) = run(&[("REDIS_URL", "127.0.0.1:6379")], &["--store", "memory"]);
+    assert!(stderr.contains("contradicts --store"), "{stderr}");
+    let (_, stderr) = run(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "x:1")], &[]);
+    assert!(stderr.contains("REDIS_TYPE=sentinel"), "{stderr}");
+    let (_, stderr) = run(&[("SHADOW_MODE", "maybe")], &[]);
+    assert!(stderr.contains("SHADOW_MODE=maybe"), "{stderr}");
+}
