@@ -44,7 +44,7 @@ fn main() -> ExitCode {
                 eprintln!("tollgate: {e}; not starting");
                 return ExitCode::FAILURE;
             }
-            serve(args)
+            serve(*args)
         }
         Command::Check(args) => check(args),
     }

@@ -29,6 +29,9 @@ pub struct LimitStats {
     pub shadow_mode: AtomicU64,
 }
 
+/// Selects one counter of a [`LimitStats`].
+type Field = fn(&LimitStats) -> &AtomicU64;
+
 /// Latency buckets in seconds.
 const BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
@@ -114,7 +117,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         let limits = self.limits.read();
-        let per_limit: [(&str, &str, fn(&LimitStats) -> &AtomicU64); 5] = [
+        let per_limit: [(&str, &str, Field); 5] = [
             ("total_hits", "Hits asked for, per limit.", |s| {
                 &s.total_hits
             }),

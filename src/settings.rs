@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve Envoy's RateLimitService over gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate rule files, print the compiled rules, exit non-zero on errors.
     Check(CheckArgs),
 }
@@ -212,10 +212,8 @@ impl ServeArgs {
             }
             self.admin_addr = admin;
         }
-        if let Some(level) = env("LOG_LEVEL") {
-            if !explicit("log_level") {
-                self.log_level = level.to_ascii_lowercase();
-            }
+        if let Some(level) = env("LOG_LEVEL").filter(|_| !explicit("log_level")) {
+            self.log_level = level.to_ascii_lowercase();
         }
         if let Some(format) = env("LOG_FORMAT") {
             self.log_format = match format.to_ascii_lowercase().as_str() {
