@@ -97,7 +97,7 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         .enable_all()
         .build()
         .map_err(|e| StoreError::Config(e.to_string()))?
-        .block_on(store.ping());
+        .block_on(store.probe());
     match probe {
         Ok(()) => tracing::info!(url = %args.redis_url, "Redis answers"),
         Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),

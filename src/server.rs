@@ -140,7 +140,7 @@ pub fn run(
             loop {
                 tick.tick().await;
                 let now = sweeper_limiter.clock().now();
-                sweeper_limiter.store().sweep(now);
+                sweeper_limiter.sweep(now);
             }
         }));
         // gRPC health says what /healthcheck says.

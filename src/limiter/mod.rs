@@ -187,6 +187,12 @@ impl Limiter {
         }
     }
 
+    /// Drops state that can no longer matter, in the store and in the
+    /// fallback of the `local` failure mode.
+    pub fn sweep(&self, now: Nanos) -> usize {
+        self.store.sweep(now) + self.fallback.sweep(now)
+    }
+
     /// The metrics this limiter records.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

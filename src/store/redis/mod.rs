@@ -233,9 +233,15 @@ impl RedisStore {
         }
     }
 
-    /// Connects afresh and sends PING, within the store's timeout. A fresh
-    /// connection, because a cached one may be stuck reconnecting.
+    /// Sends PING on this thread's connection, within the store's timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        self.timed(conn.ping()).await
+    }
+
+    /// Connects afresh and sends PING: what the circuit breaker probes with,
+    /// since a connection made before an outage may be stuck reconnecting.
+    pub async fn probe(&self) -> Result<(), StoreError> {
         let mut conn = self.timed(self.connect()).await?;
         self.timed(conn.ping()).await
     }
@@ -281,7 +287,7 @@ impl RedisStore {
             loop {
                 tokio::time::sleep(store.inner.options.probe_interval).await;
                 attempts += 1;
-                if store.ping().await.is_ok() {
+                if store.probe().await.is_ok() {
                     // Connections made before the outage may be stuck
                     // reconnecting: each worker makes a new one on next use.
                     store.inner.generation.fetch_add(1, Ordering::AcqRel);
