@@ -2,18 +2,23 @@
 //! store decide them together (all or nothing), and build the decision.
 //! Nothing here knows a proto type.
 
+mod failure;
 mod headers;
+mod observe;
+mod resolve;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
-use crate::metrics::{LimitStats, Metrics};
+use crate::metrics::Metrics;
 use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
 use crate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store, StoreError};
+use resolve::{drop_replaced, validate};
 
 pub use headers::response_headers;
 
@@ -161,11 +166,11 @@ impl std::fmt::Debug for Limiter {
 }
 
 /// What one descriptor resolved to before the store is asked.
-struct Planned {
-    rule: Option<Arc<Rule>>,
-    limit: Limit,
-    shadow: bool,
-    check: usize,
+pub(super) struct Planned {
+    pub(super) rule: Option<Arc<Rule>>,
+    pub(super) limit: Limit,
+    pub(super) shadow: bool,
+    pub(super) check: usize,
 }
 
 impl Limiter {
@@ -225,43 +230,17 @@ impl Limiter {
 
     /// Decides a request.
     pub async fn should_rate_limit(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut plan = self.plan(request).inspect_err(|e| self.count_error(e))?;
-        let failed = if plan.checks.is_empty() {
-            None
+        let result = if plan.checks.is_empty() {
+            Ok(())
         } else {
-            let now = self.clock.now();
-            let called = std::time::Instant::now();
-            let result = self.store.decide(&mut plan.checks, now).await;
+            let called = Instant::now();
+            let result = self.store.decide(&mut plan.checks, self.clock.now()).await;
             self.count_store_call(called, &result);
-            result.err()
+            result
         };
-        let decided = self.finish(plan, failed);
-        self.metrics
-            .response_time
-            .observe(started.elapsed().as_secs_f64());
-        decided
-    }
-
-    fn count_store_call(&self, started: std::time::Instant, result: &Result<(), StoreError>) {
-        self.metrics
-            .store_call
-            .observe(started.elapsed().as_secs_f64());
-        let counter = match result {
-            Ok(()) => return,
-            Err(StoreError::Timeout(_)) => &self.metrics.store_timeout,
-            Err(StoreError::CircuitOpen) => &self.metrics.store_circuit_open,
-            Err(_) => &self.metrics.store_error,
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn count_error(&self, error: &LimitError) {
-        let counter = match error {
-            LimitError::InvalidArgument(_) => &self.metrics.invalid_argument,
-            LimitError::Unavailable(_) => &self.metrics.unavailable,
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.complete(started, plan, result)
     }
 
     /// Decides a request at once when the store can answer without waiting
@@ -272,7 +251,7 @@ impl Limiter {
         if !self.store.answers_at_once() {
             return None;
         }
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut plan = match self.plan(request) {
             Ok(plan) => plan,
             Err(e) => {
@@ -280,21 +259,29 @@ impl Limiter {
                 return Some(Err(e));
             }
         };
-        let failed = if plan.checks.is_empty() {
-            None
+        let result = if plan.checks.is_empty() {
+            Ok(())
         } else {
-            let now = self.clock.now();
-            let result = self.store.decide_now(&mut plan.checks, now)?;
-            if result.is_err() {
-                self.count_store_call(started, &result);
-            }
-            result.err()
+            let called = Instant::now();
+            let result = self.store.decide_now(&mut plan.checks, self.clock.now())?;
+            self.count_store_call(called, &result);
+            result
         };
-        let decided = self.finish(plan, failed);
+        Some(self.complete(started, plan, result))
+    }
+
+    /// Builds the decision from the store's answer and records the latency.
+    fn complete(
+        &self,
+        started: Instant,
+        plan: Plan,
+        result: Result<(), StoreError>,
+    ) -> Result<Decision, LimitError> {
+        let decided = self.finish(plan, result.err());
         self.metrics
             .response_time
             .observe(started.elapsed().as_secs_f64());
-        Some(decided)
+        decided
     }
 
     /// Resolves every descriptor to a limit (or none) and builds the store checks.
@@ -414,150 +401,6 @@ impl Limiter {
             headers,
         })
     }
-
-    /// Per-limit counters, as the reference keeps them.
-    fn count_decision(&self, plan: &Planned, check: &Check, allowed: bool, remaining: u32) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let stats = self.stats(plan, check);
-        let hits = check.hits;
-        stats.total_hits.fetch_add(hits, Relaxed);
-        if !allowed {
-            stats.over_limit.fetch_add(hits, Relaxed);
-            if !check.enforced {
-                stats.shadow_mode.fetch_add(hits, Relaxed);
-            }
-            return;
-        }
-        stats.within_limit.fetch_add(hits, Relaxed);
-        let limit = f64::from(plan.limit.requests_per_unit);
-        let used = limit - f64::from(remaining);
-        if used > limit * self.options.near_limit_ratio {
-            stats.near_limit.fetch_add(hits, Relaxed);
-        }
-    }
-
-    /// The counters for a descriptor: the rule's (labels from its path), or,
-    /// when the rule opts in with `detailed_metric`/`value_to_metric`, labels
-    /// with the request's values.
-    fn stats(&self, plan: &Planned, check: &Check) -> Arc<LimitStats> {
-        let detailed = |labels_from_values: bool| {
-            let parts = check.key.parts();
-            let keys: SmallVec<[String; 4]> = parts
-                .entries
-                .iter()
-                .map(|(k, v)| {
-                    if labels_from_values {
-                        format!("{k}_{v}")
-                    } else {
-                        (*k).to_owned()
-                    }
-                })
-                .collect();
-            self.metrics.limit(&crate::rules::metric_labels(
-                parts.domain,
-                keys.iter().map(String::as_str),
-            ))
-        };
-        match &plan.rule {
-            Some(rule) if rule.detailed_metric || rule.value_to_metric => detailed(true),
-            Some(rule) => rule
-                .stats
-                .get_or_init(|| self.metrics.limit(&rule.metric_labels))
-                .clone(),
-            // A limit sent in the request: labelled by its keys only.
-            None => detailed(false),
-        }
-    }
-
-    /// Logs the first refusal of a key in each window; later ones in the same
-    /// window are only counted, so a flood cannot flood the logs.
-    fn log_refusal(&self, plan: &Planned, check: &Check, enforced: bool) {
-        let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
-        let window = self.clock.now() / plan.limit.unit.nanos();
-        {
-            let mut seen = self.refusals.lock();
-            if seen.get(&id) == Some(&window) {
-                return;
-            }
-            if seen.len() >= REFUSAL_LOG_KEYS {
-                seen.retain(|_, w| *w >= window);
-                if seen.len() >= REFUSAL_LOG_KEYS {
-                    seen.clear();
-                }
-            }
-            seen.insert(id, window);
-        }
-        let parts = check.key.parts();
-        let rule = plan
-            .rule
-            .as_ref()
-            .map_or("(limit from the request)", |r| r.path.as_str());
-        tracing::info!(
-            rule,
-            domain = parts.domain,
-            descriptor = ?parts.entries,
-            limit = plan.limit.requests_per_unit,
-            unit = plan.limit.unit.name(),
-            shadow = !enforced,
-            "over the limit (first refusal for this key in this window; later ones are only counted)"
-        );
-    }
-
-    /// The store could not decide: each descriptor gets its rule's failure
-    /// mode. `local` ones are decided together on the in-process fallback,
-    /// with the limit divided by the number of instances (rounded up, so a
-    /// limit is never cut to zero).
-    fn apply_failure_modes(&self, planned: &[Option<Planned>], checks: &mut [Check]) {
-        let mut local: SmallVec<[Check; 4]> = SmallVec::new();
-        let mut local_of: SmallVec<[usize; 4]> = SmallVec::new();
-        for plan in planned.iter().flatten() {
-            let check = &mut checks[plan.check];
-            let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
-            let allowed = mode == FailureMode::Allow;
-            self.metrics.failure_mode[mode as usize]
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            check.outcome = Some(crate::algorithm::Outcome {
-                allowed,
-                remaining: if allowed {
-                    plan.limit.requests_per_unit
-                } else {
-                    0
-                },
-                wait: crate::clock::NANOS_PER_SEC,
-                commit: None,
-            });
-            if mode == FailureMode::Local {
-                let mut quota = check.quota;
-                let n = self.options.instances.max(1);
-                quota.limit = quota.limit.div_ceil(n);
-                quota.burst = quota.burst.div_ceil(n).max(1);
-                local.push(Check::new(
-                    check.key.clone(),
-                    check.algorithm,
-                    quota,
-                    check.hits,
-                    check.enforced,
-                ));
-                local_of.push(plan.check);
-            }
-        }
-        if local.is_empty() {
-            return;
-        }
-        let decided = self.fallback.decide(&mut local, self.clock.now());
-        for (check, &i) in local.iter().zip(&local_of) {
-            // The fallback is bounded like any memory store; if even it is
-            // full, the descriptor is refused rather than left unlimited.
-            checks[i].outcome = match decided {
-                Ok(()) => check.outcome,
-                Err(_) => checks[i].outcome.map(|o| crate::algorithm::Outcome {
-                    allowed: false,
-                    remaining: 0,
-                    ..o
-                }),
-            };
-        }
-    }
 }
 
 /// A request resolved to limits, ready for the store.
@@ -578,65 +421,6 @@ fn applied(plan: &Planned) -> AppliedLimit {
         unit: plan.limit.unit,
         shadow: plan.shadow,
     }
-}
-
-/// `replaces`: a matched limit whose name another matched limit replaces is
-/// dropped (the descriptor is answered OK with no limit), as in the reference.
-fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 4]>) {
-    let rules = || planned.iter().flatten().filter_map(|p| p.rule.as_deref());
-    if rules().all(|r| r.replaces.is_empty()) {
-        return;
-    }
-    let replaced: SmallVec<[usize; 4]> = planned
-        .iter()
-        .enumerate()
-        .filter(|(_, slot)| {
-            let name = slot
-                .as_ref()
-                .and_then(|p| p.rule.as_deref())
-                .and_then(|r| r.name.as_deref());
-            name.is_some_and(|name| rules().any(|r| r.replaces.iter().any(|n| n == name)))
-        })
-        .map(|(i, _)| i)
-        .collect();
-    let mut dropped: SmallVec<[usize; 4]> = replaced
-        .iter()
-        .filter_map(|&i| planned[i].take().map(|p| p.check))
-        .collect();
-    // Remove the dropped checks and renumber the rest.
-    dropped.sort_unstable();
-    for &index in dropped.iter().rev() {
-        checks.remove(index);
-    }
-    for p in planned.iter_mut().flatten() {
-        p.check -= dropped.iter().filter(|&&d| d < p.check).count();
-    }
-}
-
-fn validate(request: &Request<'_>) -> Result<(), LimitError> {
-    if request.domain.is_empty() {
-        return Err(LimitError::InvalidArgument(
-            "rate limit domain must not be empty".into(),
-        ));
-    }
-    if request.descriptors.is_empty() {
-        return Err(LimitError::InvalidArgument(
-            "rate limit request has no descriptors".into(),
-        ));
-    }
-    for (i, d) in request.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
-            return Err(LimitError::InvalidArgument(format!(
-                "descriptor {i} has no entries"
-            )));
-        }
-        if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
-            return Err(LimitError::InvalidArgument(format!(
-                "descriptor {i} entry {j} has an empty key"
-            )));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
