@@ -13,6 +13,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod start;
+
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
@@ -21,6 +23,7 @@ use crate::admin::Health;
 use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rls::RlsService;
+pub use start::start;
 
 /// How long shutdown waits for in-flight calls and open connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);

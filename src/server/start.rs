@@ -1,0 +1,110 @@
+//! From settings to a running server: load the rules, build the store and
+//! the limiter, bind the listeners, and run.
+
+use std::sync::Arc;
+
+use crate::clock::SystemClock;
+use crate::limiter::{Limiter, LimiterOptions};
+use crate::reload::Reloader;
+use crate::rules::load_paths;
+use crate::settings::{OnOff, OnStoreError, ServeArgs, StoreKind};
+use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
+
+/// Starts Tollgate as `args` say and serves until SIGINT or SIGTERM. The error
+/// says what stopped start-up (or the server).
+pub fn start(args: &ServeArgs) -> Result<(), String> {
+    let paths = args.rule_paths();
+    let rules = match load_paths(&paths, &args.load_options()) {
+        Ok(rules) => rules,
+        Err(errors) => {
+            return Err(format!(
+                "rules not loaded ({} error(s)); not starting\n{errors}",
+                errors.0.len()
+            ));
+        }
+    };
+    tracing::info!(
+        rules = rules.rules().len(),
+        domains = rules.domain_count(),
+        paths = ?paths,
+        "rules loaded"
+    );
+    let store = build_store(args).map_err(|e| format!("{e}; not starting"))?;
+    let options = LimiterOptions {
+        failure_mode: args.failure_mode.into(),
+        response_headers: args.response_headers == OnOff::On,
+        default_algorithm: args.default_algorithm.into(),
+        unavailable_on_store_error: args.on_store_error == OnStoreError::Unavailable,
+        instances: args.instances,
+        shadow_mode: args.shadow_mode,
+        near_limit_ratio: args.near_limit_ratio,
+    };
+    let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let listeners = super::bind_grpc(args.grpc_addr, workers)
+        .map_err(|e| format!("cannot listen on {}: {e}", args.grpc_addr))?;
+    let mut admin = Vec::new();
+    for addr in &args.admin_addr {
+        let listener = std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| format!("cannot listen on {addr} (admin HTTP): {e}"))?;
+        admin.push(listener);
+    }
+    if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
+        // Lines on stdout that scripts and tests can wait for.
+        for a in admin.iter().filter_map(|l| l.local_addr().ok()) {
+            println!("tollgate: admin listening on {a}");
+        }
+        println!("tollgate: gRPC listening on {addr}");
+        tracing::info!(%addr, workers, "gRPC listening");
+    }
+    let reloader = Arc::new(Reloader::new(paths, args.load_options(), limiter.clone()));
+    let watch = (args.watch_rules == OnOff::On).then_some(args.watch_interval);
+    let serve = super::Serve {
+        limiter,
+        grpc: listeners,
+        admin,
+        reloader: Some((reloader, watch)),
+        shutdown_delay: args.shutdown_delay,
+    };
+    super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
+}
+
+fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
+    let target = match args.store {
+        StoreKind::Memory => {
+            return Ok(Store::Memory(MemoryStore::new(MemoryStoreOptions {
+                max_keys: args.max_keys,
+                ..MemoryStoreOptions::default()
+            })));
+        }
+        StoreKind::Redis => RedisTarget::Standalone(args.redis_url.clone()),
+        StoreKind::RedisCluster => RedisTarget::Cluster(
+            args.redis_url
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .collect(),
+        ),
+    };
+    let mut options = RedisOptions::new(target);
+    options.timeout = args.redis_timeout;
+    options.prefix = args.redis_prefix.clone();
+    options.breaker_threshold = args.redis_breaker.max(1);
+    options.over_limit_cache = args.over_limit_cache == OnOff::On;
+    let store = RedisStore::new(options)?;
+    // Redis being down at start is an outage like any other: start, answer
+    // from the failure modes, and say so.
+    let probe = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::Config(e.to_string()))?
+        .block_on(store.probe());
+    match probe {
+        Ok(()) => tracing::info!(url = %args.redis_url, "Redis answers"),
+        Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),
+    }
+    Ok(Store::Redis(store))
+}
