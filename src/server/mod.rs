@@ -13,11 +13,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod grpc;
 mod start;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::admin::Health;
 use crate::limiter::Limiter;
@@ -86,7 +86,7 @@ pub fn run(
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
         let health_service = health_service.clone();
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("tollgate-worker-{i}"))
             .spawn(move || -> std::io::Result<()> {
@@ -95,24 +95,11 @@ pub fn run(
                     .build()?;
                 runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener)?;
-                    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                    let mut drain = stop.clone();
-                    let serve = tonic::transport::Server::builder()
-                        .add_service(service)
-                        .add_service(health_service)
-                        .serve_with_incoming_shutdown(incoming, async move {
-                            let _ = stop.wait_for(|s| *s).await;
-                        });
-                    // In-flight calls get `DRAIN_TIMEOUT` to finish; a client
-                    // that keeps an idle connection open must not hold the
-                    // process forever.
-                    tokio::select! {
-                        served = serve => served.map_err(std::io::Error::other),
-                        _ = async {
-                            let _ = drain.wait_for(|s| *s).await;
-                            tokio::time::sleep(DRAIN_TIMEOUT).await;
-                        } => Ok(()),
-                    }
+                    let dispatch = grpc::Dispatch {
+                        rls: service,
+                        health: health_service,
+                    };
+                    grpc::serve(listener, dispatch, stop).await
                 })
             })?;
         workers.push(thread);
