@@ -21,7 +21,7 @@ python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 port=18081
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 taskset -c 0 target/release/tollgate serve --rules "$work/rules.yaml" --grpc-addr 127.0.0.1:$port \
-    --workers 1 --log-level warn >/dev/null &
+    --workers 1 --log-level warn --watch-rules off >/dev/null &
 server=$!
 sleep 1
 cmd=(taskset -c 1 h2load -D 8 --warm-up-time 2 -c 16 -m 4 -t 1 -d "$work/body.bin"

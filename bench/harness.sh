@@ -44,7 +44,7 @@ for store in memory redis; do
     store_args=(--store "$store")
     [ "$store" = redis ] && store_args+=(--redis-url "redis://127.0.0.1:$rport" --redis-timeout 50ms)
     taskset -c 0 target/release/tollgate serve --rules "$work/rules" --grpc-addr "127.0.0.1:$gport" \
-        --workers 1 --log-level warn "${store_args[@]}" >/dev/null &
+        --workers 1 --log-level warn --watch-rules off "${store_args[@]}" >/dev/null &
     tollgate=$!; pids+=("$tollgate")
     sed -e "s/port_value: 10000 /port_value: $listen /" -e "s/port_value: 10001 /port_value: $upstream /" \
         -e "s/port_value: 9901 /port_value: $admin /" -e "s/port_value: 8081 /port_value: $gport /" \

@@ -39,7 +39,7 @@ echo "redis-benchmark: ${cmd[*]}"
 "${cmd[@]}" | tr '\r' '\n' | grep -E "requests per second" | tail -1
 
 taskset -c 0 target/release/tollgate serve --rules "$work/rules.yaml" --grpc-addr 127.0.0.1:$gport \
-    --workers 1 --store redis --redis-url redis://127.0.0.1:$rport --redis-timeout 50ms --log-level warn >/dev/null &
+    --workers 1 --store redis --redis-url redis://127.0.0.1:$rport --redis-timeout 50ms --log-level warn --watch-rules off >/dev/null &
 server=$!
 sleep 1
 for spec in "1 1" "4 4" "16 4"; do
