@@ -104,6 +104,28 @@ impl Conn {
         }
     }
 
+    /// Runs a prepared EVALSHA of `script`; after a Redis restart or
+    /// failover (NOSCRIPT) loads the script and runs it again.
+    async fn evalsha(&mut self, script: &Script, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+        let first = match self {
+            Conn::Standalone(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        };
+        match first {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                match self {
+                    Conn::Standalone(c) => script.prepare_invoke().load_async(c).await?,
+                    Conn::Cluster(c) => script.prepare_invoke().load_async(c).await?,
+                };
+                match self {
+                    Conn::Standalone(c) => cmd.query_async(c).await,
+                    Conn::Cluster(c) => cmd.query_async(c).await,
+                }
+            }
+            other => other,
+        }
+    }
+
     async fn ping(&mut self) -> Result<(), RedisError> {
         let cmd = redis::cmd("PING");
         match self {
@@ -256,7 +278,12 @@ impl RedisStore {
         {
             return Ok(());
         }
-        let result = self.call(checks, now).await;
+        // One bound for the whole decision: connecting (first use, or after an
+        // outage), the script call and, in Cluster, any refund.
+        let timeout = self.inner.options.timeout;
+        let result = tokio::time::timeout(timeout, self.call(checks, now))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(timeout)));
         match &result {
             Ok(()) => {
                 self.inner.failures.store(0, Ordering::Relaxed);
@@ -328,14 +355,16 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         let now_us = now / 1_000;
         let calls = groups.iter().map(|(_, group)| {
-            let mut inv = self.inner.batch.prepare_invoke();
-            inv.arg(now_us);
+            // EVALSHA written straight into one command buffer.
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.inner.batch.get_hash()).arg(group.keys.len());
             for key in &group.keys {
-                inv.key(key);
+                cmd.arg(key.as_str());
             }
+            cmd.arg(now_us);
             for &i in &group.checks {
                 let c = &checks[i];
-                inv.arg(script_code(c.algorithm))
+                cmd.arg(script_code(c.algorithm))
                     .arg(c.quota.limit)
                     .arg(c.quota.period / 1_000)
                     .arg(c.quota.burst)
@@ -343,7 +372,11 @@ impl RedisStore {
                     .arg(if c.enforced { "1" } else { "0" });
             }
             let mut conn = conn.clone();
-            async move { self.timed(async { conn.invoke(&inv).await }).await }
+            async move {
+                conn.evalsha(&self.inner.batch, &cmd)
+                    .await
+                    .map_err(|e| redis_error(&e))
+            }
         });
         let replies = join_all(calls).await;
         for ((_, group), reply) in groups.iter().zip(replies) {
@@ -405,7 +438,7 @@ impl RedisStore {
                         .arg(interval.max(1));
                 }
                 let mut conn = conn.clone();
-                async move { self.timed(async { conn.invoke(&inv).await }).await }
+                async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
             });
         for refund in join_all(refunds).await {
             refund?;
