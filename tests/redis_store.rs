@@ -317,3 +317,53 @@ async fn the_over_limit_cache_keeps_refusals_off_redis() {
         Code::Ok as i32
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_calls_in_flight_finish() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut server = Tollgate::start(
+        RULES,
+        &[&redis_args(&url, "3s")[..], &["--shutdown-delay", "10ms"]].concat(),
+    );
+    let mut client = server.client().await;
+    // Warm up (connection and script), then hold Redis for half a second.
+    code(&server, &[&[("a", "warm")]]).await.expect("ok");
+    let port = redis.port.to_string();
+    let sleeper = std::thread::spawn(move || {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &port, "DEBUG", "SLEEP", "0.5"])
+            .output()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sent = Instant::now();
+    let in_flight = tokio::spawn(async move {
+        client
+            .should_rate_limit(request("r", &[&[("a", "late")]]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let answer = in_flight
+        .await
+        .expect("task")
+        .expect("the call in flight is answered");
+    let answer = answer.into_inner();
+    assert!(
+        sent.elapsed() >= Duration::from_millis(250),
+        "the call waited for Redis: {:?} {answer:?}",
+        sent.elapsed()
+    );
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert!(server.child.wait().expect("wait").success());
+    let slept = sleeper.join().expect("thread").expect("redis-cli");
+    assert_eq!(
+        String::from_utf8_lossy(&slept.stdout).trim(),
+        "OK",
+        "DEBUG SLEEP ran"
+    );
+}

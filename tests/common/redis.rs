@@ -52,6 +52,8 @@ impl RedisServer {
             "--appendonly",
             "no",
         ])
+        // DEBUG SLEEP lets tests hold Redis in the middle of a call.
+        .args(["--enable-debug-command", "yes"])
         .arg("--dir")
         .arg(dir.path())
         .stdout(Stdio::null())
