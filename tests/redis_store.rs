@@ -367,3 +367,88 @@ async fn sigterm_lets_calls_in_flight_finish() {
         "DEBUG SLEEP ran"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_and_a_password_through_a_rediss_url() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(dir.path().join("key.pem"))
+        .arg("-out")
+        .arg(dir.path().join("cert.pem"))
+        .output()
+        .expect("openssl is needed by this test (Debian: apt-get install openssl)");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let port = common::redis::free_port();
+    let mut redis = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "s3cret",
+            "--save",
+            "",
+        ])
+        .arg("--tls-cert-file")
+        .arg(dir.path().join("cert.pem"))
+        .arg("--tls-key-file")
+        .arg(dir.path().join("key.pem"))
+        .arg("--tls-ca-cert-file")
+        .arg(dir.path().join("cert.pem"))
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server with TLS");
+    // The certificate is self-signed: `#insecure` skips verification (test only).
+    let url = format!("rediss://:s3cret@127.0.0.1:{port}/#insecure");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS Redis did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let server = Tollgate::start(RULES, &redis_args(&url, "2s"));
+    let mut client = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .should_rate_limit(request("r", &[&[("tight", "tls")]]))
+            .await
+            .expect("ok");
+        codes.push(r.into_inner().overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::OverLimit as i32],
+        "decided through Redis over TLS"
+    );
+    assert_eq!(
+        server.log_count("Redis answers"),
+        1,
+        "{}",
+        server.stderr.lock().map(|s| s.clone()).unwrap_or_default()
+    );
+    let _ = redis.kill();
+    let _ = redis.wait();
+}

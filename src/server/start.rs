@@ -74,6 +74,9 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
 }
 
 fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
+    // `rediss://` connections need a process-wide TLS crypto provider; the
+    // redis crate does not choose one. (An error means one is installed.)
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let target = match args.store {
         StoreKind::Memory => {
             return Ok(Store::Memory(MemoryStore::new(MemoryStoreOptions {
