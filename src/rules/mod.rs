@@ -103,7 +103,16 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// Parses `allow` or `deny`.
+    /// The name as written in rule files.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
+        }
+    }
+
+    /// Parses `allow`, `deny` or `local`.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "allow" => Some(FailureMode::Allow),
@@ -227,7 +236,7 @@ impl fmt::Display for Rule {
                     write!(f, ", burst {}", l.burst)?;
                 }
                 if let Some(mode) = l.failure_mode {
-                    write!(f, ", on store failure {mode:?}")?;
+                    write!(f, ", failure_mode {}", mode.name())?;
                 }
                 f.write_str(")")?;
             }
