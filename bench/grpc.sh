@@ -11,17 +11,11 @@ command -v h2load >/dev/null || apt_install nghttp2-client
 cargo build --release --quiet --bins
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-cat > "$work/rules.yaml" <<'YAML'
-domain: api
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: minute, requests_per_unit: 4000000000}
-YAML
 python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 port=18081
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-taskset -c 0 target/release/tollgate serve --rules "$work/rules.yaml" --grpc-addr 127.0.0.1:$port \
-    --workers 1 --log-level warn --watch-rules off >/dev/null &
+taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \
+    --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 >/dev/null &
 server=$!
 sleep 1
 cmd=(taskset -c 1 h2load -D 8 --warm-up-time 2 -c 16 -m 4 -t 1 -d "$work/body.bin"

@@ -31,7 +31,6 @@ run() { echo "\$ ${*}" | sed "s|$work|\$WORK|g" >&2; timeout $((D + 20)) "$@"; }
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "versions: $(target/release/tollgate --version), Envoy $("$ENVOY" --version | grep -o '1\.[0-9]*\.[0-9]*' | head -1), $(redis-server --version | cut -d' ' -f3)"
 python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
-cat bench/rules.yaml bench/rules-grpc.yaml > /dev/null
 mkdir -p "$work/rules"; cp bench/rules.yaml bench/rules-grpc.yaml "$work/rules/"
 
 rport=$(free_port)
@@ -44,7 +43,7 @@ for store in memory redis; do
     store_args=(--store "$store")
     [ "$store" = redis ] && store_args+=(--redis-url "redis://127.0.0.1:$rport" --redis-timeout 50ms)
     taskset -c 0 target/release/tollgate serve --rules "$work/rules" --grpc-addr "127.0.0.1:$gport" \
-        --workers 1 --log-level warn --watch-rules off "${store_args[@]}" >/dev/null &
+        --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 "${store_args[@]}" >/dev/null &
     tollgate=$!; pids+=("$tollgate")
     sed -e "s/port_value: 10000 /port_value: $listen /" -e "s/port_value: 10001 /port_value: $upstream /" \
         -e "s/port_value: 9901 /port_value: $admin /" -e "s/port_value: 8081 /port_value: $gport /" \

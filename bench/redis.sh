@@ -15,12 +15,6 @@ cleanup() { kill "$server" "$redis" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 rport=16399
 gport=18091
-cat > "$work/rules.yaml" <<'YAML'
-domain: api
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: minute, requests_per_unit: 4000000000}
-YAML
 python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(redis-server --version | cut -d' ' -f1-3)"
 
@@ -38,8 +32,8 @@ cmd=(taskset -c 1 redis-benchmark -p $rport -n 300000 -c 64 -q EVALSHA "$sha" 2
 echo "redis-benchmark: ${cmd[*]}"
 "${cmd[@]}" | tr '\r' '\n' | grep -E "requests per second" | tail -1
 
-taskset -c 0 target/release/tollgate serve --rules "$work/rules.yaml" --grpc-addr 127.0.0.1:$gport \
-    --workers 1 --store redis --redis-url redis://127.0.0.1:$rport --redis-timeout 50ms --log-level warn --watch-rules off >/dev/null &
+taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr 127.0.0.1:$gport \
+    --workers 1 --store redis --redis-url redis://127.0.0.1:$rport --redis-timeout 50ms --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 >/dev/null &
 server=$!
 sleep 1
 for spec in "1 1" "4 4" "16 4"; do

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Tollgate, descriptor, request};
+use common::{Tollgate, ask, descriptor, request};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -37,14 +37,11 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 async fn statuses_follow_the_request_and_carry_limits() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request(
-            "gw",
-            &[&[("user", "a")], &[("nope", "x")], &[("org", "o")]],
-        ))
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(
+        &mut client,
+        request("gw", &[&[("user", "a")], &[("nope", "x")], &[("org", "o")]]),
+    )
+    .await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(r.statuses.len(), 3, "one status per descriptor");
     let user = &r.statuses[0];
@@ -73,18 +70,10 @@ async fn over_limit_blocks_and_spends_nothing_from_other_descriptors() {
     let mut client = server.client().await;
     let both = request("gw", &[&[("org", "acme")], &[("user", "ann")]]);
     for _ in 0..3 {
-        let r = client
-            .should_rate_limit(both.clone())
-            .await
-            .expect("ok")
-            .into_inner();
+        let r = ask(&mut client, both.clone()).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
-    let r = client
-        .should_rate_limit(both.clone())
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(&mut client, both.clone()).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::Ok as i32);
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
@@ -95,11 +84,7 @@ async fn over_limit_blocks_and_spends_nothing_from_other_descriptors() {
         .expect("seconds");
     assert!((1..=120).contains(&retry), "{retry}");
     // The refused call did not spend the org's budget: 5 - 3 = 2 left.
-    let org = client
-        .should_rate_limit(request("gw", &[&[("org", "acme")]]))
-        .await
-        .expect("ok")
-        .into_inner();
+    let org = ask(&mut client, request("gw", &[&[("org", "acme")]])).await;
     assert_eq!(
         org.statuses[0].limit_remaining, 1,
         "2 left before this call, 1 after"
@@ -111,11 +96,7 @@ async fn shadow_mode_never_blocks() {
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     for _ in 0..5 {
-        let r = client
-            .should_rate_limit(request("gw", &[&[("watch", "w")]]))
-            .await
-            .expect("ok")
-            .into_inner();
+        let r = ask(&mut client, request("gw", &[&[("watch", "w")]])).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert_eq!(r.statuses[0].code, Code::Ok as i32);
     }
@@ -127,29 +108,17 @@ async fn hits_addend_at_request_and_descriptor_level() {
     let mut client = server.client().await;
     let mut r = request("gw", &[&[("bucket", "b")]]);
     r.hits_addend = 3;
-    let out = client
-        .should_rate_limit(r.clone())
-        .await
-        .expect("ok")
-        .into_inner();
+    let out = ask(&mut client, r.clone()).await;
     assert_eq!(out.statuses[0].limit_remaining, 1, "burst 4 minus 3");
     // Per-descriptor 0 wins: a check that counts nothing.
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
-    let out = client
-        .should_rate_limit(r.clone())
-        .await
-        .expect("ok")
-        .into_inner();
+    let out = ask(&mut client, r.clone()).await;
     assert_eq!(
         (out.overall_code, out.statuses[0].limit_remaining),
         (Code::Ok as i32, 1)
     );
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
-    let out = client
-        .should_rate_limit(r.clone())
-        .await
-        .expect("ok")
-        .into_inner();
+    let out = ask(&mut client, r.clone()).await;
     assert_eq!(
         out.overall_code,
         Code::OverLimit as i32,
@@ -177,14 +146,10 @@ async fn the_limit_override_replaces_the_rule() {
         descriptors: vec![d],
         hits_addend: 0,
     };
-    let first = client
-        .should_rate_limit(r.clone())
-        .await
-        .expect("ok")
-        .into_inner();
+    let first = ask(&mut client, r.clone()).await;
     let limit = first.statuses[0].current_limit.as_ref().expect("limit");
     assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Day as i32));
-    let second = client.should_rate_limit(r).await.expect("ok").into_inner();
+    let second = ask(&mut client, r).await;
     assert_eq!(second.overall_code, Code::OverLimit as i32);
 }
 
@@ -212,11 +177,7 @@ async fn malformed_requests_get_invalid_argument_with_a_reason() {
         assert!(status.message().contains(reason), "{}", status.message());
     }
     // An unknown domain is OK with no limit, as in the reference.
-    let r = client
-        .should_rate_limit(request("nobody", &[&[("user", "x")]]))
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(&mut client, request("nobody", &[&[("user", "x")]])).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert!(r.statuses[0].current_limit.is_none());
 }
@@ -242,13 +203,7 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
             .map(|(_, own)| {
                 let mut client = own.unwrap_or_else(|| shared.clone());
                 let req = request("gw", &[&[("hot", key.as_str())]]);
-                tokio::spawn(async move {
-                    client
-                        .should_rate_limit(req)
-                        .await
-                        .expect("ok")
-                        .into_inner()
-                })
+                tokio::spawn(async move { ask(&mut client, req).await })
             })
             .collect();
         let mut admitted = 0;
@@ -265,11 +220,7 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
 async fn response_headers_can_be_switched_off() {
     let server = Tollgate::start(RULES, &["--response-headers", "off"]);
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("gw", &[&[("user", "a")]]))
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(&mut client, request("gw", &[&[("user", "a")]])).await;
     assert!(r.response_headers_to_add.is_empty());
 }
 

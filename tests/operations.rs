@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{http, http_with_body};
 use common::redis::RedisServer;
-use common::{Tollgate, request};
+use common::{Tollgate, ask, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn rules(limit: u32) -> String {
@@ -21,11 +21,7 @@ fn rules(limit: u32) -> String {
 
 async fn remaining(server: &Tollgate, key: &str, value: &str) -> Option<u32> {
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("ops", &[&[(key, value)]]))
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(&mut client, request("ops", &[&[(key, value)]])).await;
     r.statuses[0]
         .current_limit
         .as_ref()
@@ -82,11 +78,7 @@ async fn a_valid_edit_is_live_within_a_second_and_counters_survive() {
     );
     println!("reload took {:?}", started.elapsed());
     // `other` did not change: its counter survived (100 - 2 - this one).
-    let r = client
-        .should_rate_limit(request("ops", &[&[("other", "x")]]))
-        .await
-        .expect("ok")
-        .into_inner();
+    let r = ask(&mut client, request("ops", &[&[("other", "x")]])).await;
     assert_eq!(r.statuses[0].limit_remaining, 97);
     assert_eq!(
         metric(&server, "ratelimit_service_config_load_success"),
@@ -378,11 +370,7 @@ async fn global_shadow_mode_reports_ok_and_counts() {
     let server = Tollgate::start(&rules(1), &["--shadow-mode"]);
     let mut client = server.client().await;
     for _ in 0..3 {
-        let r = client
-            .should_rate_limit(request("ops", &[&[("user", "s")]]))
-            .await
-            .expect("ok")
-            .into_inner();
+        let r = ask(&mut client, request("ops", &[&[("user", "s")]])).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
     assert_eq!(

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{Tollgate, request};
+use common::{Tollgate, ask, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const RULES: &str = "domain: r
@@ -61,11 +61,7 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     for i in 0..40 {
         let mut client = if i % 2 == 0 { c1.clone() } else { c2.clone() };
         calls.push(tokio::spawn(async move {
-            client
-                .should_rate_limit(request("r", &[&[("shared", "x")]]))
-                .await
-                .expect("ok")
-                .into_inner()
+            ask(&mut client, request("r", &[&[("shared", "x")]])).await
         }));
     }
     let mut admitted = 0;
@@ -77,11 +73,7 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     assert_eq!(admitted, 10);
     // Both see the same count afterwards.
     for client in [&mut c1, &mut c2] {
-        let r = client
-            .should_rate_limit(request("r", &[&[("shared", "x")]]))
-            .await
-            .expect("ok")
-            .into_inner();
+        let r = ask(client, request("r", &[&[("shared", "x")]])).await;
         assert_eq!(r.overall_code, Code::OverLimit as i32);
     }
 }
@@ -159,14 +151,9 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
         &[&redis_args(&url, "30ms")[..], &["--redis-breaker", "3"]].concat(),
     );
     let mut client = server.client().await;
-    let ask = |d: &'static str| request("r", &[&[(d, "x")]]);
+    let one = |d: &'static str| request("r", &[&[(d, "x")]]);
     assert_eq!(
-        client
-            .should_rate_limit(ask("tight"))
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
+        ask(&mut client, one("tight")).await.overall_code,
         Code::Ok as i32
     );
 
@@ -176,7 +163,7 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
         for (key, expected) in [("open", Code::Ok), ("closed", Code::OverLimit)] {
             let started = Instant::now();
             let r = client
-                .should_rate_limit(ask(key))
+                .should_rate_limit(one(key))
                 .await
                 .expect("answered, not an error")
                 .into_inner();
@@ -202,11 +189,7 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = client
-            .should_rate_limit(ask("closed"))
-            .await
-            .expect("ok")
-            .into_inner();
+        let r = ask(&mut client, one("closed")).await;
         if r.overall_code == Code::Ok as i32 {
             break;
         }
@@ -218,20 +201,14 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
     }
     // Decisions go through Redis again: the limit of 1 holds.
     assert_eq!(
-        client
-            .should_rate_limit(request("r", &[&[("tight", "y")]]))
+        ask(&mut client, request("r", &[&[("tight", "y")]]))
             .await
-            .expect("ok")
-            .into_inner()
             .overall_code,
         Code::Ok as i32
     );
     assert_eq!(
-        client
-            .should_rate_limit(request("r", &[&[("tight", "y")]]))
+        ask(&mut client, request("r", &[&[("tight", "y")]]))
             .await
-            .expect("ok")
-            .into_inner()
             .overall_code,
         Code::OverLimit as i32
     );

@@ -117,6 +117,18 @@ impl Drop for Tollgate {
     }
 }
 
+/// One ShouldRateLimit call that must succeed.
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("ShouldRateLimit answers")
+        .into_inner()
+}
+
 /// A descriptor from `(key, value)` pairs.
 pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
