@@ -31,14 +31,7 @@ impl ServeArgs {
             )
         };
 
-        if let Some(port) = env("GRPC_PORT") {
-            let port: u16 = port
-                .parse()
-                .map_err(|_| format!("GRPC_PORT={port}: not a port"))?;
-            let host = env("GRPC_HOST").unwrap_or_else(|| "0.0.0.0".into());
-            let addr: SocketAddr = format!("{host}:{port}")
-                .parse()
-                .map_err(|_| format!("GRPC_HOST={host}: not an IP address"))?;
+        if let Some(addr) = listen_addr(env, "GRPC_HOST", "GRPC_PORT")? {
             if explicit("grpc_addr") && self.grpc_addr != addr {
                 return Err(conflict("grpc-addr", "GRPC_PORT"));
             }
@@ -46,17 +39,10 @@ impl ServeArgs {
         }
         let mut admin = Vec::new();
         for name in ["PORT", "DEBUG_PORT"] {
-            if let Some(port) = env(name) {
-                let port: u16 = port
-                    .parse()
-                    .map_err(|_| format!("{name}={port}: not a port"))?;
-                let host = env("HOST").unwrap_or_else(|| "0.0.0.0".into());
-                let addr: SocketAddr = format!("{host}:{port}")
-                    .parse()
-                    .map_err(|_| format!("HOST={host}: not an IP address"))?;
-                if !admin.contains(&addr) {
-                    admin.push(addr);
-                }
+            if let Some(addr) = listen_addr(env, "HOST", name)?
+                && !admin.contains(&addr)
+            {
+                admin.push(addr);
             }
         }
         if !admin.is_empty() {
@@ -177,6 +163,26 @@ impl ServeArgs {
         }
         Ok(())
     }
+}
+
+/// The address from the reference's `HOST`/`PORT`-style pair, when the port
+/// variable is set (the host defaults to all interfaces, as in the reference).
+fn listen_addr(
+    env: &dyn Fn(&str) -> Option<String>,
+    host_var: &str,
+    port_var: &str,
+) -> Result<Option<SocketAddr>, String> {
+    let Some(port) = env(port_var) else {
+        return Ok(None);
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{port_var}={port}: not a port"))?;
+    let host = env(host_var).unwrap_or_else(|| "0.0.0.0".into());
+    let addr = format!("{host}:{port}")
+        .parse()
+        .map_err(|_| format!("{host_var}={host}: not an IP address"))?;
+    Ok(Some(addr))
 }
 
 /// Every `TOLLGATE_*` variable Tollgate reads; any other stops start-up

@@ -49,37 +49,19 @@ impl CounterKey {
     /// The key's parts, read back from the canonical bytes.
     pub fn parts(&self) -> KeyParts<'_> {
         let mut rest = self.as_bytes();
-        let mut field = || -> &str {
-            let len = rest
-                .get(..4)
-                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-            let bytes = rest.get(4..4 + len).unwrap_or_default();
-            rest = rest.get(4 + len..).unwrap_or_default();
-            // Built from `&str`s above, so always UTF-8.
-            std::str::from_utf8(bytes).unwrap_or_default()
-        };
-        let domain = field();
+        let domain = take_field(&mut rest).unwrap_or_default();
         let (algorithm, unit) = match rest {
             [a, u, tail @ ..] => {
-                let parsed = (
+                rest = tail;
+                (
                     Algorithm::ALL.get(usize::from(*a)).copied(),
                     Unit::ALL.get(usize::from(*u)).copied(),
-                );
-                rest = tail;
-                parsed
+                )
             }
             _ => (None, None),
         };
         let mut entries = SmallVec::new();
-        let mut field = || -> Option<&str> {
-            let len = rest
-                .get(..4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)?;
-            let bytes = rest.get(4..4 + len)?;
-            rest = rest.get(4 + len..).unwrap_or_default();
-            std::str::from_utf8(bytes).ok()
-        };
-        while let (Some(k), Some(v)) = (field(), field()) {
+        while let (Some(k), Some(v)) = (take_field(&mut rest), take_field(&mut rest)) {
             entries.push((k, v));
         }
         KeyParts {
@@ -89,6 +71,17 @@ impl CounterKey {
             entries,
         }
     }
+}
+
+/// Reads one length-prefixed field off the front of `rest`. The fields were
+/// written from `&str`s, so they are always UTF-8.
+fn take_field<'a>(rest: &mut &'a [u8]) -> Option<&'a str> {
+    let len = rest
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)?;
+    let bytes = rest.get(4..4 + len)?;
+    *rest = rest.get(4 + len..).unwrap_or_default();
+    std::str::from_utf8(bytes).ok()
 }
 
 /// A counter key's parts (see [`CounterKey::parts`]).
