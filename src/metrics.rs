@@ -3,9 +3,14 @@
 //! Names and labels follow envoyproxy/ratelimit's Prometheus mapping
 //! (`ratelimit_service_rate_limit_*{domain, key1, key2, ...}`), so existing
 //! dashboards keep working. Label values come from the rules (the
-//! descriptor's path, e.g. `key1="path_/login"`, `key2="remote_address"`);
-//! request values appear only where a rule opts in with `detailed_metric` or
-//! `value_to_metric`, so cardinality is bounded by the rules, not by traffic.
+//! descriptor's path, e.g. `key1="path_/login"`, `key2="remote_address"`).
+//! Request values appear only where a rule opts in with `detailed_metric` or
+//! `value_to_metric`, and request keys only for limits sent in the request;
+//! those label sets are bounded: at most `max_series` of them (past it, hits
+//! go to one `overflow="true"` series and are counted in
+//! `tollgate_metric_series_overflow_total`), each value cut to
+//! `max_label_bytes`. Label sets from the rules are not capped: the rule
+//! files bound them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -71,9 +76,19 @@ impl Histogram {
 }
 
 /// Every metric of the process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     limits: RwLock<BTreeMap<String, Arc<LimitStats>>>,
+    /// Label sets made from request keys or values so far.
+    request_series: AtomicU64,
+    /// The most label sets made from request keys or values.
+    max_series: u64,
+    /// The longest label value made from a request, in bytes.
+    max_label_bytes: usize,
+    /// Where hits go once `max_series` is reached.
+    overflow: Arc<LimitStats>,
+    /// Times a label set was not made because of `max_series`.
+    pub series_overflow: AtomicU64,
     /// ShouldRateLimit latency.
     pub response_time: Histogram,
     /// Requests refused as malformed.
@@ -100,8 +115,45 @@ pub struct Metrics {
     pub config_last_success: AtomicU64,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(10_000, 128)
+    }
+}
+
 impl Metrics {
-    /// The counters for one label set (`domain`, then `key1`, `key2`, ...).
+    /// Metrics with at most `max_series` label sets made from requests, each
+    /// label value at most `max_label_bytes` long.
+    pub fn new(max_series: u64, max_label_bytes: usize) -> Self {
+        Self {
+            limits: RwLock::default(),
+            request_series: AtomicU64::new(0),
+            max_series,
+            max_label_bytes,
+            overflow: Arc::default(),
+            series_overflow: AtomicU64::new(0),
+            response_time: Histogram::default(),
+            invalid_argument: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
+            store_call: Histogram::default(),
+            store_timeout: AtomicU64::new(0),
+            store_circuit_open: AtomicU64::new(0),
+            store_error: AtomicU64::new(0),
+            failure_mode: Default::default(),
+            circuit_open: AtomicU64::new(0),
+            config_load_success: AtomicU64::new(0),
+            config_load_error: AtomicU64::new(0),
+            config_last_success: AtomicU64::new(0),
+        }
+    }
+
+    /// The longest label value made from a request, in bytes.
+    pub fn max_label_bytes(&self) -> usize {
+        self.max_label_bytes
+    }
+
+    /// The counters for one label set from the rules (`domain`, then
+    /// `key1`, `key2`, ...).
     pub fn limit(&self, labels: &str) -> Arc<LimitStats> {
         if let Some(stats) = self.limits.read().get(labels) {
             return stats.clone();
@@ -111,6 +163,24 @@ impl Metrics {
             .entry(labels.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// The counters for a label set made from a request's keys or values:
+    /// the shared overflow series once `max_series` such sets exist.
+    pub fn request_limit(&self, labels: &str) -> Arc<LimitStats> {
+        if let Some(stats) = self.limits.read().get(labels) {
+            return stats.clone();
+        }
+        let mut limits = self.limits.write();
+        if let Some(stats) = limits.get(labels) {
+            return stats.clone();
+        }
+        if self.request_series.load(Ordering::Relaxed) >= self.max_series {
+            self.series_overflow.fetch_add(1, Ordering::Relaxed);
+            return self.overflow.clone();
+        }
+        self.request_series.fetch_add(1, Ordering::Relaxed);
+        limits.entry(labels.to_owned()).or_default().clone()
     }
 
     /// The Prometheus text exposition.
@@ -148,6 +218,13 @@ impl Metrics {
                     field(stats).load(Ordering::Relaxed)
                 );
             }
+            if self.series_overflow.load(Ordering::Relaxed) > 0 {
+                let _ = writeln!(
+                    out,
+                    "{metric}{{overflow=\"true\"}} {}",
+                    field(&self.overflow).load(Ordering::Relaxed)
+                );
+            }
         }
         drop(limits);
         self.response_time.write(
@@ -155,7 +232,13 @@ impl Metrics {
             "ratelimit_server_should_rate_limit_response_time_seconds",
             "ShouldRateLimit latency.",
         );
-        let counters: [(&str, &str, &AtomicU64, &str); 11] = [
+        let counters: [(&str, &str, &AtomicU64, &str); 12] = [
+            (
+                "tollgate_metric_series_overflow_total",
+                "Hits counted in the overflow series because --max-metric-series label sets made from requests exist.",
+                &self.series_overflow,
+                "counter",
+            ),
             (
                 "ratelimit_service_call_should_rate_limit_service_error",
                 "Requests refused as malformed (INVALID_ARGUMENT).",
@@ -244,6 +327,18 @@ impl Metrics {
         );
         out
     }
+}
+
+/// `value` cut to at most `max` bytes, on a character boundary.
+pub fn truncated(value: &str, max: usize) -> &str {
+    if value.len() <= max {
+        return value;
+    }
+    let mut end = max;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
 }
 
 /// Escapes a Prometheus label value.

@@ -1,6 +1,10 @@
 //! Hot reload: the rules path is polled for changes (content, so a
 //! Kubernetes ConfigMap's atomic `..data` symlink swap is seen once, and
-//! editors' save dances settle), and SIGHUP forces a reload. A new rule set
+//! editors' save dances settle), and SIGHUP forces a reload. A change is
+//! loaded only once two checks in a row saw the same content, so a file
+//! being rewritten in place is not loaded half-written (a truncated file
+//! can still be valid YAML, with its last rules missing). Replacing files by
+//! rename is atomic and recommended all the same. A new rule set
 //! is validated as a whole and swapped in atomically; requests in flight
 //! finish on the old set. An invalid change keeps the rules in force, logs
 //! every error with its file and line, and counts it.
@@ -23,6 +27,8 @@ pub struct Reloader {
     limiter: Arc<Limiter>,
     /// Fingerprint of the files last seen (loaded or refused).
     seen: Mutex<u64>,
+    /// A changed fingerprint seen once, waiting for a second look.
+    settling: Mutex<Option<u64>>,
 }
 
 impl Reloader {
@@ -33,6 +39,7 @@ impl Reloader {
             options,
             limiter,
             seen: Mutex::new(0),
+            settling: Mutex::new(None),
         };
         *reloader.seen.lock() = reloader.fingerprint();
         reloader.loaded();
@@ -92,16 +99,35 @@ impl Reloader {
         }
     }
 
-    /// Reloads whenever the files change, checking every `interval`.
+    /// Looks at the files once: reloads when they changed and read the same
+    /// at the previous look. Returns whether a reload was attempted. Reads
+    /// every rule file: call it off the async runtime.
+    pub fn poll(&self) -> bool {
+        let now = self.fingerprint();
+        let mut settling = self.settling.lock();
+        if now == *self.seen.lock() {
+            *settling = None;
+            return false;
+        }
+        if *settling != Some(now) {
+            *settling = Some(now);
+            return false;
+        }
+        *settling = None;
+        drop(settling);
+        let _ = self.reload("rule files changed");
+        true
+    }
+
+    /// Reloads whenever the files change, checking every `interval` on a
+    /// blocking thread (reading files must not hold up the admin runtime).
     pub async fn watch(self: Arc<Self>, interval: Duration) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let now = self.fingerprint();
-            if now != *self.seen.lock() {
-                let _ = self.reload("rule files changed");
-            }
+            let this = self.clone();
+            let _ = tokio::task::spawn_blocking(move || this.poll()).await;
         }
     }
 }

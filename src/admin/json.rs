@@ -78,8 +78,9 @@ fn unit(v: Option<&Value>, at: &str) -> Result<i32, String> {
             .ok_or_else(|| format!("{at}: unknown unit '{name}'")),
         Some(Value::Number(n)) => n
             .as_i64()
-            .map(|n| n as i32)
-            .ok_or_else(|| format!("{at}: bad unit")),
+            .and_then(|n| i32::try_from(n).ok())
+            .filter(|n| Unit::try_from(*n).is_ok())
+            .ok_or_else(|| format!("{at}: unknown unit {n}")),
         Some(_) => Err(format!("{at}: expected a unit name")),
     }
 }

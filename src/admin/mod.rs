@@ -64,6 +64,9 @@ pub fn router(limiter: Arc<Limiter>, health: Arc<Health>) -> Router {
         .route("/metrics", get(metrics))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            limiter.options().bounds.request_bytes,
+        ))
         .with_state(AdminState { limiter, health })
 }
 

@@ -5,13 +5,32 @@
 //! how long until the limit resets (or, when denied, until a request would be
 //! admitted again), and, only when something changed, the state to store and
 //! when that state stops mattering. The memory store runs these functions; the
-//! Redis scripts mirror them line for line.
+//! Redis scripts compute the same integers (see "Time and exactness").
 //!
 //! A denied request never changes the state: a refused call spends nothing,
 //! which is what makes the limiter's all-or-nothing rule possible.
 //!
 //! `hits == 0` is a check: the outcome says whether one more hit would be
 //! admitted, and nothing is committed.
+//!
+//! # Hostile numbers
+//!
+//! `hits` comes from the client and may be anything up to `u64::MAX`. A cost
+//! above what the limit could ever admit (the limit for the windows, the
+//! burst for the token bucket) is refused before any arithmetic, so every
+//! sum below stays small; the rest is checked or done in `u128`. A counter
+//! never goes down and a refused request never changes the state.
+//!
+//! # Time and exactness
+//!
+//! Interfaces take nanoseconds, but the algorithms count in microseconds
+//! ([`NANOS_PER_TICK`]): Redis's Lua has only doubles, which hold integers
+//! exactly up to 2^53, and 2^53 µs is 285 years since 1970. Every quantity
+//! the scripts form stays below 2^53 (the sliding window weighs the previous
+//! window in at most 2^19 steps, the token bucket spans at most
+//! [`MAX_BUCKET_SPAN`]), so the memory store and Redis reach the same
+//! decisions, remaining counts and waits for every input; a differential
+//! test against a real Redis keeps it so.
 
 mod fixed_window;
 mod sliding_window;
@@ -56,11 +75,22 @@ impl Algorithm {
 
     /// Decides `hits` against `quota` at `now`, from `state`.
     pub fn decide(self, state: State, quota: &Quota, now: Nanos, hits: u64) -> Outcome {
-        match self {
-            Algorithm::FixedWindow => fixed_window::decide(state, quota, now, hits),
-            Algorithm::SlidingWindow => sliding_window::decide(state, quota, now, hits),
-            Algorithm::TokenBucket => token_bucket::decide(state, quota, now, hits),
+        let ticked = Quota {
+            limit: quota.limit,
+            period: (quota.period / NANOS_PER_TICK).max(1),
+            burst: quota.burst.max(1),
+        };
+        let now = now / NANOS_PER_TICK;
+        let mut out = match self {
+            Algorithm::FixedWindow => fixed_window::decide(state, &ticked, now, hits),
+            Algorithm::SlidingWindow => sliding_window::decide(state, &ticked, now, hits),
+            Algorithm::TokenBucket => token_bucket::decide(state, &ticked, now, hits),
+        };
+        out.wait = out.wait.saturating_mul(NANOS_PER_TICK);
+        if let Some((_, expires)) = &mut out.commit {
+            *expires = expires.saturating_mul(NANOS_PER_TICK);
         }
+        out
     }
 }
 
@@ -109,6 +139,23 @@ pub struct Outcome {
     /// The state to store and the time after which it no longer matters, or
     /// `None` when nothing changed (denials and checks).
     pub commit: Option<(State, Nanos)>,
+}
+
+/// Nanoseconds per unit of the algorithms' arithmetic (a microsecond).
+pub const NANOS_PER_TICK: Nanos = 1_000;
+
+/// The longest a token bucket may take to refill from empty (`burst` times
+/// the emission interval): 100 years, in ticks. Rules beyond it are refused
+/// at load; the algorithm clamps to it so that no input can overflow.
+pub const MAX_BUCKET_SPAN: u64 = 100 * 365 * 86_400 * 1_000_000;
+
+/// Ticks a token bucket of `quota` takes to refill from empty, or `None` when
+/// that exceeds [`MAX_BUCKET_SPAN`] (`quota` in nanoseconds, as rules hold it).
+pub fn bucket_span(quota: &Quota) -> Option<u64> {
+    let period = u128::from((quota.period / NANOS_PER_TICK).max(1));
+    let interval = (period / u128::from(quota.limit.max(1))).max(1);
+    let span = interval * u128::from(quota.burst.max(1));
+    u64::try_from(span).ok().filter(|s| *s <= MAX_BUCKET_SPAN)
 }
 
 /// The hits used to decide admission: a check (0) asks about one hit.

@@ -1,44 +1,69 @@
-//! Sliding window counter: the estimate is
-//! `previous * (time of the previous window still inside the last period) / period + current`,
-//! and a request of cost `c` is admitted while `estimate + c - 1 < limit`
-//! (for one hit: while the estimate is below the limit). The boundary attack
-//! gets `limit + 1` through instead of the fixed window's `2 * limit`.
+//! Sliding window counter: the previous window counts with the share of it
+//! still inside the last period, plus the current window. A request of cost
+//! `c` is admitted while `estimate + c - 1 < limit` (for one hit: while the
+//! estimate is below the limit). The boundary attack gets `limit + 1`
+//! through instead of the fixed window's `2 * limit`.
 //!
-//! Arithmetic is in integers scaled by the period, so the same inputs give the
-//! same answer here and in the Redis script.
+//! The share is counted in steps: a window of `period` ticks is cut into
+//! `n <= 2^19` steps of `step` ticks (the smallest power of ten that keeps
+//! `n` in bounds: 10 µs for a second, 1 ms for a minute), and after `e` whole
+//! steps the previous window weighs `(n - e) / n`. With counts below 2^32
+//! every product below stays under 2^53, so the Redis script, which has only
+//! doubles, computes the same integers (see the module docs). For periods of
+//! whole seconds a step divides the period exactly.
 
 use super::{Outcome, Quota, State, clamp_u32, cost};
-use crate::clock::Nanos;
 
-pub(super) fn decide(state: State, quota: &Quota, now: Nanos, hits: u64) -> Outcome {
-    let period = u128::from(quota.period);
-    let window = now / quota.period;
-    let offset = u128::from(now % quota.period);
-    let window_end = (window + 1) * quota.period;
+/// Most steps per window: keeps `count * steps` below 2^53 for 33-bit counts.
+const MAX_STEPS: u64 = 1 << 19;
+
+/// `(step, steps)` for a period, in ticks.
+fn steps(period: u64) -> (u64, u64) {
+    let mut step = 1u64;
+    while period.div_ceil(step) > MAX_STEPS {
+        step *= 10;
+    }
+    (step, period.div_ceil(step))
+}
+
+/// Times are in ticks (see the module docs).
+pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcome {
+    let period = quota.period;
+    let window = now / period;
+    let offset = now % period;
+    let window_end = (window + 1).saturating_mul(period);
+    let (step, n) = steps(period);
+    let elapsed = offset / step;
     let (previous, current) = if state.at == window {
         (u64::from(state.previous), u64::from(state.current))
-    } else if state.at + 1 == window {
+    } else if state.at.checked_add(1) == Some(window) {
         (u64::from(state.current), 0)
     } else {
         (0, 0)
     };
-    let limit = u128::from(quota.limit);
-    let weighted_previous = u128::from(previous) * (period - offset);
-    // estimate * period, for a given count in the current window.
-    let scaled = |current: u64| weighted_previous + u128::from(current) * period;
+    let limit = u64::from(quota.limit);
+    let n128 = u128::from(n);
+    // estimate * n, for a given count in the current window.
+    let scaled =
+        |current: u64| u128::from(previous) * u128::from(n - elapsed) + u128::from(current) * n128;
+    let remaining = |current: u64| {
+        let used = scaled(current).div_ceil(n128);
+        clamp_u32(u128::from(limit).saturating_sub(used) as u64)
+    };
 
-    if scaled(current + cost(hits) - 1) >= limit * period {
+    let c = cost(hits);
+    if c > limit || scaled(current + c - 1) >= u128::from(limit) * n128 {
         return Outcome {
             allowed: false,
-            remaining: remaining(scaled(current), limit, period),
-            wait: retry_after(previous, current, cost(hits), quota, offset),
+            remaining: remaining(current),
+            wait: retry_after(previous, current, c, limit, period, offset),
             commit: None,
         };
     }
     let current = current + hits;
     Outcome {
         allowed: true,
-        remaining: remaining(scaled(current), limit, period),
+        remaining: remaining(current),
         wait: window_end - now,
         commit: (hits > 0).then(|| {
             let next = State {
@@ -47,43 +72,45 @@ pub(super) fn decide(state: State, quota: &Quota, now: Nanos, hits: u64) -> Outc
                 previous: clamp_u32(previous),
             };
             // The current window still counts, as "previous", through the next one.
-            (next, window_end + quota.period)
+            (next, window_end.saturating_add(period))
         }),
     }
 }
 
-/// `limit - ceil(estimate)`, never below zero.
-fn remaining(scaled_estimate: u128, limit: u128, period: u128) -> u32 {
-    let used = scaled_estimate.div_ceil(period);
-    clamp_u32(limit.saturating_sub(used) as u64)
+/// The first step at which `previous * (n - step) < room * n`: the previous
+/// window has faded enough to leave `room` (at most `n`: the next window).
+fn earliest_step(previous: u64, room: u64, n: u64) -> u64 {
+    if previous == 0 {
+        return 0;
+    }
+    let fits = (u128::from(room) * u128::from(n) - 1) / u128::from(previous);
+    n.saturating_sub(u64::try_from(fits).unwrap_or(u64::MAX))
 }
 
 /// The shortest wait after which a request of `cost` is admitted, if nothing
 /// else arrives: later in this window as the previous window fades, or in the
 /// next one, where this window's count becomes the previous.
-fn retry_after(previous: u64, current: u64, cost: u64, quota: &Quota, offset: u128) -> Nanos {
-    let period = u128::from(quota.period);
-    let limit = u128::from(quota.limit);
-    // Admitted at offset `o` when previous * (period - o) < room * period,
-    // with room = limit + 1 - current - cost.
-    let earliest_offset = |previous: u64, room: u128| -> u128 {
-        if previous == 0 {
-            0
-        } else {
-            period.saturating_sub((room * period - 1) / u128::from(previous))
-        }
-    };
-    let room_now = (limit + 1).checked_sub(u128::from(current) + u128::from(cost));
-    if let Some(room) = room_now.filter(|r| *r > 0) {
-        let at = earliest_offset(previous, room).max(offset);
-        if at < period {
-            return (at - offset) as Nanos;
-        }
-    }
+fn retry_after(
+    previous: u64,
+    current: u64,
+    cost: u64,
+    limit: u64,
+    period: u64,
+    offset: u64,
+) -> u64 {
+    let (step, n) = steps(period);
     let to_next_window = period - offset;
-    match (limit + 1).checked_sub(u128::from(cost)).filter(|r| *r > 0) {
-        Some(room) => (to_next_window + earliest_offset(current, room)) as Nanos,
-        // A cost above the limit is never admitted; report the window end.
-        None => to_next_window as Nanos,
+    if cost > limit {
+        // Never admitted; report the window end.
+        return to_next_window;
     }
+    // room = limit + 1 - current - cost, when positive.
+    if let Some(room) = (limit + 1).checked_sub(current + cost).filter(|r| *r > 0) {
+        let at = earliest_step(previous, room, n) * step;
+        if at < period {
+            return at.saturating_sub(offset);
+        }
+    }
+    let at = (earliest_step(current, limit + 1 - cost, n) * step).min(period);
+    to_next_window + at
 }

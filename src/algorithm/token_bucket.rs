@@ -3,10 +3,10 @@
 //! interval (`period / limit`); a request is admitted while `tat` stays within
 //! `burst` intervals of now. An empty bucket refills at `limit` per period.
 
-use super::{Outcome, Quota, State, clamp_u32, cost};
-use crate::clock::Nanos;
+use super::{MAX_BUCKET_SPAN, Outcome, Quota, State, clamp_u32, cost};
 
-pub(super) fn decide(state: State, quota: &Quota, now: Nanos, hits: u64) -> Outcome {
+/// Times are in ticks (see the module docs).
+pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcome {
     if quota.limit == 0 {
         return Outcome {
             allowed: false,
@@ -16,23 +16,34 @@ pub(super) fn decide(state: State, quota: &Quota, now: Nanos, hits: u64) -> Outc
         };
     }
     let interval = (quota.period / u64::from(quota.limit)).max(1);
-    let tolerance = interval.saturating_mul(u64::from(quota.burst));
+    // Rules beyond the span are refused at load; the clamp keeps any other
+    // input (an override, a fuzzer) from overflowing.
+    let tolerance = interval
+        .saturating_mul(u64::from(quota.burst))
+        .min(MAX_BUCKET_SPAN);
+    let burst = tolerance / interval;
     let tat = state.at.max(now);
-    let tokens_left = |tat: Nanos| clamp_u32(tolerance.saturating_sub(tat - now) / interval);
+    // Past the tolerance (a rule whose burst shrank on reload) nothing is left.
+    let tokens_left = |tat: u64| clamp_u32(tolerance.saturating_sub(tat - now) / interval);
 
-    let needed = tat.saturating_add(interval.saturating_mul(cost(hits)));
-    if needed - now > tolerance {
-        // When the cost is above the burst it can never be admitted; the
-        // honest figure is then the time until the bucket is full.
-        let wait = if cost(hits) > u64::from(quota.burst) {
-            tat - now
-        } else {
-            needed - now - tolerance
-        };
+    let c = cost(hits);
+    // A cost above the burst can never be admitted; the honest figure is then
+    // the time until the bucket is full. Checked first, so `interval * c`
+    // below stays within the tolerance.
+    if c > burst {
         return Outcome {
             allowed: false,
             remaining: tokens_left(tat),
-            wait,
+            wait: tat - now,
+            commit: None,
+        };
+    }
+    let needed = tat + interval * c;
+    if needed - now > tolerance {
+        return Outcome {
+            allowed: false,
+            remaining: tokens_left(tat),
+            wait: needed - now - tolerance,
             commit: None,
         };
     }

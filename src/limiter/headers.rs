@@ -1,7 +1,8 @@
 //! Response headers: `RateLimit-Policy` and `RateLimit` from the IETF draft
 //! (draft-ietf-httpapi-ratelimit-headers-10: structured-field lists of
 //! `"policy";q=..;w=..` and `"policy";r=..;t=..`), one item per matched
-//! enforced limit, and `Retry-After` on refusals.
+//! enforced limit, and `Retry-After` on refusals that a wait can cure (a
+//! limit of zero never admits anything, so it advertises no retry time).
 //!
 //! Shadow-mode limits are left out: they are not enforced, and advertising
 //! them would have clients slow down for a limit that is only being watched.
@@ -45,6 +46,7 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
     let mut policy = String::with_capacity(64);
     let mut current = String::with_capacity(64);
     let mut retry: Option<Nanos> = None;
+    let mut never = false;
     for status in statuses {
         let Some(limit) = status.limit.as_ref().filter(|l| !l.shadow) else {
             continue;
@@ -69,6 +71,7 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
         );
         if status.over_limit {
             retry = Some(retry.unwrap_or(0).max(status.reset));
+            never |= limit.requests_per_unit == 0;
         }
     }
     let mut headers = Vec::with_capacity(3);
@@ -76,7 +79,7 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
         headers.push(("ratelimit-policy", policy));
         headers.push(("ratelimit", current));
     }
-    if over_limit {
+    if over_limit && !never {
         let secs = retry.map_or(1, ceil_secs).max(1);
         headers.push(("retry-after", secs.to_string()));
     }

@@ -124,6 +124,43 @@ pub struct LimiterOptions {
     pub shadow_mode: bool,
     /// Admitted hits above this share of the limit count as near the limit.
     pub near_limit_ratio: f64,
+    /// The largest request a client may send (see [`RequestBounds`]).
+    pub bounds: RequestBounds,
+    /// Metric label sets made from request keys or values (`--max-metric-series`).
+    pub max_metric_series: u64,
+    /// Longest label value made from a request (`--max-label-bytes`).
+    pub max_label_bytes: usize,
+}
+
+/// How large a request may be. Deciding costs time linear in a request's
+/// size while the store holds the request's counters, so these bound how
+/// long one client's request can hold up another's. A request past a bound
+/// is refused as malformed, naming the bound and its flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// Descriptors per request (`--max-descriptors`).
+    pub descriptors: usize,
+    /// Entries per descriptor (`--max-entries`).
+    pub entries: usize,
+    /// Bytes of one entry's key or value, and of the domain (`--max-value-bytes`).
+    pub value_bytes: usize,
+    /// Bytes of the encoded request, refused before it is decoded (`--max-request-bytes`).
+    pub request_bytes: usize,
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        // Envoy sends one descriptor per matching `rate_limits` action list,
+        // rarely more than a handful with a few entries each; values come
+        // from headers, whose whole list Envoy caps at 60 KiB by default, so
+        // any value Envoy forwards fits.
+        Self {
+            descriptors: 128,
+            entries: 32,
+            value_bytes: 64 * 1024,
+            request_bytes: 1024 * 1024,
+        }
+    }
 }
 
 impl Default for LimiterOptions {
@@ -136,6 +173,9 @@ impl Default for LimiterOptions {
             instances: 1,
             shadow_mode: false,
             near_limit_ratio: 0.8,
+            bounds: RequestBounds::default(),
+            max_metric_series: 10_000,
+            max_label_bytes: 128,
         }
     }
 }
@@ -187,7 +227,10 @@ impl Limiter {
             fallback: MemoryStore::new(MemoryStoreOptions::default()),
             clock,
             options,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(
+                options.max_metric_series,
+                options.max_label_bytes,
+            )),
             refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -286,11 +329,12 @@ impl Limiter {
 
     /// Resolves every descriptor to a limit (or none) and builds the store checks.
     fn plan(&self, request: &Request<'_>) -> Result<Plan, LimitError> {
-        validate(request)?;
+        validate(request, &self.options.bounds)?;
         let rules = self.rules.load();
         let hits_default = u64::from(request.hits_addend.max(1));
         let mut planned: SmallVec<[Option<Planned>; 4]> = SmallVec::new();
         let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
+        let mut unlimited: SmallVec<[usize; 2]> = SmallVec::new();
         let known_domain = rules.has_domain(request.domain);
         for descriptor in &request.descriptors {
             let resolved = if !known_domain {
@@ -304,18 +348,25 @@ impl Limiter {
                     burst: o.requests_per_unit,
                     failure_mode: None,
                 };
-                Some((None, limit, false, SmallVec::new()))
+                Some((None, Some(limit), false, SmallVec::new()))
             } else {
-                rules
-                    .lookup(request.domain, &descriptor.entries)
-                    .and_then(|m| {
-                        let rule = m.rule;
-                        // Unlimited rules are never counted.
-                        rule.limit
-                            .map(|limit| (Some(rule.clone()), limit, rule.shadow_mode, m.shared))
-                    })
+                rules.lookup(request.domain, &descriptor.entries).map(|m| {
+                    (
+                        Some(m.rule.clone()),
+                        m.rule.limit,
+                        m.rule.shadow_mode,
+                        m.shared,
+                    )
+                })
             };
             let Some((rule, limit, shadow, shared)) = resolved else {
+                planned.push(None);
+                continue;
+            };
+            let Some(limit) = limit else {
+                // `unlimited: true`: never counted; the reference reports the
+                // most it can as remaining.
+                unlimited.push(planned.len());
                 planned.push(None);
                 continue;
             };
@@ -342,7 +393,11 @@ impl Limiter {
             }));
         }
         drop_replaced(&mut planned, &mut checks);
-        Ok(Plan { planned, checks })
+        Ok(Plan {
+            planned,
+            checks,
+            unlimited,
+        })
     }
 
     /// Turns the store's outcomes (or its failure) into the decision.
@@ -350,6 +405,7 @@ impl Limiter {
         let Plan {
             planned,
             mut checks,
+            unlimited,
         } = plan;
         if let Some(err) = failed {
             if self.options.unavailable_on_store_error {
@@ -362,12 +418,12 @@ impl Limiter {
         }
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over_limit = false;
-        for plan in &planned {
+        for (i, plan) in planned.iter().enumerate() {
             let Some(plan) = plan else {
                 statuses.push(Status {
                     over_limit: false,
                     limit: None,
-                    remaining: 0,
+                    remaining: if unlimited.contains(&i) { u32::MAX } else { 0 },
                     reset: 0,
                 });
                 continue;
@@ -407,6 +463,8 @@ impl Limiter {
 struct Plan {
     planned: SmallVec<[Option<Planned>; 4]>,
     checks: SmallVec<[Check; 4]>,
+    /// Descriptors matched to `unlimited: true` rules.
+    unlimited: SmallVec<[usize; 2]>,
 }
 
 fn applied(plan: &Planned) -> AppliedLimit {

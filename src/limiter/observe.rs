@@ -65,23 +65,26 @@ impl Limiter {
 
     /// The counters for a descriptor: the rule's (labels from its path), or,
     /// when the rule opts in with `detailed_metric`/`value_to_metric`, labels
-    /// with the request's values.
+    /// with the request's values. Label sets made from a request are capped
+    /// (see [`crate::metrics`]).
     fn stats(&self, plan: &Planned, check: &Check) -> Arc<LimitStats> {
         let detailed = |labels_from_values: bool| {
+            let max = self.metrics.max_label_bytes();
             let parts = check.key.parts();
             let keys: SmallVec<[String; 4]> = parts
                 .entries
                 .iter()
                 .map(|(k, v)| {
-                    if labels_from_values {
+                    let label = if labels_from_values {
                         format!("{k}_{v}")
                     } else {
                         (*k).to_owned()
-                    }
+                    };
+                    crate::metrics::truncated(&label, max).to_owned()
                 })
                 .collect();
-            self.metrics.limit(&crate::rules::metric_labels(
-                parts.domain,
+            self.metrics.request_limit(&crate::rules::metric_labels(
+                crate::metrics::truncated(parts.domain, max),
                 keys.iter().map(String::as_str),
             ))
         };

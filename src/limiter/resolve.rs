@@ -1,64 +1,104 @@
 //! Request checks that do not need the store: validation, and `replaces`.
 
+use std::collections::HashSet;
+
 use smallvec::SmallVec;
 
-use super::{LimitError, Planned, Request};
+use super::{LimitError, Planned, Request, RequestBounds};
 use crate::store::Check;
 
 /// `replaces`: a matched limit whose name another matched limit replaces is
 /// dropped (the descriptor is answered OK with no limit), as in the reference.
 pub(super) fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 4]>) {
-    let rules = || planned.iter().flatten().filter_map(|p| p.rule.as_deref());
-    if rules().all(|r| r.replaces.is_empty()) {
+    // Linear in the request: the names replaced by any matched rule, once.
+    let replaced_names: HashSet<&str> = planned
+        .iter()
+        .flatten()
+        .filter_map(|p| p.rule.as_deref())
+        .flat_map(|r| r.replaces.iter().map(String::as_str))
+        .collect();
+    if replaced_names.is_empty() {
         return;
     }
     let replaced: SmallVec<[usize; 4]> = planned
         .iter()
         .enumerate()
         .filter(|(_, slot)| {
-            let name = slot
-                .as_ref()
+            slot.as_ref()
                 .and_then(|p| p.rule.as_deref())
-                .and_then(|r| r.name.as_deref());
-            name.is_some_and(|name| rules().any(|r| r.replaces.iter().any(|n| n == name)))
+                .and_then(|r| r.name.as_deref())
+                .is_some_and(|name| replaced_names.contains(name))
         })
         .map(|(i, _)| i)
         .collect();
-    let mut dropped: SmallVec<[usize; 4]> = replaced
-        .iter()
-        .filter_map(|&i| planned[i].take().map(|p| p.check))
-        .collect();
-    // Remove the dropped checks and renumber the rest.
-    dropped.sort_unstable();
-    for &index in dropped.iter().rev() {
-        checks.remove(index);
+    drop(replaced_names);
+    let mut dropped = vec![false; checks.len()];
+    for i in replaced {
+        if let Some(p) = planned[i].take() {
+            dropped[p.check] = true;
+        }
     }
+    // Remove the dropped checks and renumber the rest.
+    let mut renumbered = Vec::with_capacity(checks.len());
+    let mut kept = 0;
+    for &d in &dropped {
+        renumbered.push(kept);
+        kept += usize::from(!d);
+    }
+    let mut index = 0;
+    checks.retain(|_| {
+        index += 1;
+        !dropped[index - 1]
+    });
     for p in planned.iter_mut().flatten() {
-        p.check -= dropped.iter().filter(|&&d| d < p.check).count();
+        p.check = renumbered[p.check];
     }
 }
 
-pub(super) fn validate(request: &Request<'_>) -> Result<(), LimitError> {
+pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<(), LimitError> {
+    let invalid = |m: String| Err(LimitError::InvalidArgument(m));
     if request.domain.is_empty() {
-        return Err(LimitError::InvalidArgument(
-            "rate limit domain must not be empty".into(),
+        return invalid("rate limit domain must not be empty".into());
+    }
+    if request.domain.len() > bounds.value_bytes {
+        return invalid(format!(
+            "rate limit domain is {} bytes, above the bound of {} (--max-value-bytes)",
+            request.domain.len(),
+            bounds.value_bytes
         ));
     }
     if request.descriptors.is_empty() {
-        return Err(LimitError::InvalidArgument(
-            "rate limit request has no descriptors".into(),
+        return invalid("rate limit request has no descriptors".into());
+    }
+    if request.descriptors.len() > bounds.descriptors {
+        return invalid(format!(
+            "rate limit request has {} descriptors, above the bound of {} (--max-descriptors)",
+            request.descriptors.len(),
+            bounds.descriptors
         ));
     }
     for (i, d) in request.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
-            return Err(LimitError::InvalidArgument(format!(
-                "descriptor {i} has no entries"
-            )));
+            return invalid(format!("descriptor {i} has no entries"));
         }
-        if let Some(j) = d.entries.iter().position(|(k, _)| k.is_empty()) {
-            return Err(LimitError::InvalidArgument(format!(
-                "descriptor {i} entry {j} has an empty key"
-            )));
+        if d.entries.len() > bounds.entries {
+            return invalid(format!(
+                "descriptor {i} has {} entries, above the bound of {} (--max-entries)",
+                d.entries.len(),
+                bounds.entries
+            ));
+        }
+        for (j, (k, v)) in d.entries.iter().enumerate() {
+            if k.is_empty() {
+                return invalid(format!("descriptor {i} entry {j} has an empty key"));
+            }
+            let longest = k.len().max(v.len());
+            if longest > bounds.value_bytes {
+                return invalid(format!(
+                    "descriptor {i} entry {j} has a key or value of {longest} bytes, above the bound of {} (--max-value-bytes)",
+                    bounds.value_bytes
+                ));
+            }
         }
     }
     Ok(())

@@ -11,9 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
@@ -21,6 +19,8 @@ use tonic::{Request, Response, Status};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
 use crate::rules::Unit;
+
+mod server;
 
 /// The gRPC service around a [`Limiter`].
 #[derive(Debug, Clone)]
@@ -34,9 +34,11 @@ impl RlsService {
         Self { limiter }
     }
 
-    /// The tonic server for this service.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+    /// The HTTP/2 service for this, refusing requests above the limiter's
+    /// request size bound.
+    pub fn into_server(self) -> server::RlsServer {
+        let max_request_bytes = self.limiter.options().bounds.request_bytes;
+        server::RlsServer::new(self, max_request_bytes)
     }
 }
 

@@ -93,7 +93,7 @@ impl Compiler {
         self.add_descriptors(
             &file,
             &domain,
-            &domain,
+            (&domain, &[]),
             &mut level,
             raw.descriptors.unwrap_or_default(),
         );
@@ -107,7 +107,7 @@ impl Compiler {
         &mut self,
         file: &Arc<PathBuf>,
         domain: &Arc<str>,
-        parent: &str,
+        (parent, parent_levels): (&str, &[String]),
         level: &mut Level,
         list: Vec<Spanned<RawDescriptor>>,
     ) {
@@ -129,6 +129,9 @@ impl Compiler {
                 None => key.clone(),
             };
             let path = format!("{parent}.{composite}");
+            // The path's levels as a list: a value may itself contain dots.
+            let mut levels = parent_levels.to_vec();
+            levels.push(composite);
             let glob = value.as_deref().and_then(Glob::new);
 
             let share = raw.share_threshold.unwrap_or(false);
@@ -141,7 +144,7 @@ impl Compiler {
             let rate_limit = raw.rate_limit.take();
             let children = raw.descriptors.take().unwrap_or_default();
             let rule = rate_limit.and_then(|rl| {
-                let rule = self.compile_rule(file, domain, &path, &key, &raw, rl, pos)?;
+                let rule = self.compile_rule(file, domain, (&path, &levels), &raw, rl, pos)?;
                 let rule = Arc::new(rule);
                 self.rules.push(rule.clone());
                 Some(rule)
@@ -151,7 +154,7 @@ impl Compiler {
                 children: Level::default(),
                 shared_pattern: share.then(|| value.clone().unwrap_or_default().into()),
             };
-            self.add_descriptors(file, domain, &path, &mut node.children, children);
+            self.add_descriptors(file, domain, (&path, &levels), &mut node.children, children);
 
             let rules: &mut KeyRules = level.keys.entry(Box::from(key.as_str())).or_default();
             let duplicate = match (&value, glob) {
@@ -172,13 +175,11 @@ impl Compiler {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn compile_rule(
         &mut self,
         file: &Arc<PathBuf>,
         domain: &Arc<str>,
-        path: &str,
-        key: &str,
+        (path, levels): (&str, &[String]),
         raw: &RawDescriptor,
         rl: Spanned<RawRateLimit>,
         descriptor_pos: Option<(u32, u32)>,
@@ -310,13 +311,30 @@ impl Compiler {
             };
             match (unit, requests_per_unit, algorithm, burst, failure_mode) {
                 (Some(unit), Some(rpu), Some(algorithm), Some(burst), Some(failure_mode)) => {
-                    Some(Limit {
+                    let limit = Limit {
                         requests_per_unit: rpu,
                         unit,
                         algorithm,
                         burst: burst.max(1),
                         failure_mode,
-                    })
+                    };
+                    // A bucket that takes centuries to refill would overflow the
+                    // stores' arithmetic; no one means it.
+                    if algorithm == Algorithm::TokenBucket
+                        && crate::algorithm::bucket_span(&limit.quota()).is_none()
+                    {
+                        err(
+                            rl.burst.as_ref().and_then(|b| at(&b.referenced)).or(pos),
+                            format!(
+                                "'{path}' burst {} at {rpu} per {} takes more than 100 years to refill; lower the burst or raise requests_per_unit",
+                                limit.burst,
+                                unit.name()
+                            ),
+                        );
+                        None
+                    } else {
+                        Some(limit)
+                    }
                 }
                 _ => None,
             }
@@ -325,9 +343,7 @@ impl Compiler {
             return None;
         }
         Some(Rule {
-            domain: domain.clone(),
             path: path.to_owned(),
-            key: key.to_owned(),
             reported_name: name.as_deref().unwrap_or("").into(),
             policy_name: name.as_deref().unwrap_or(path).into(),
             name,
@@ -336,12 +352,11 @@ impl Compiler {
             replaces,
             detailed_metric: raw.detailed_metric.unwrap_or(false),
             value_to_metric: raw.value_to_metric.unwrap_or(false),
-            quota_mode: raw.quota_mode.unwrap_or(false),
             source: Source {
                 file: file.clone(),
                 line: descriptor_pos.map_or(0, |p| p.0),
             },
-            metric_labels: metric_labels(domain, path.split('.').skip(1)),
+            metric_labels: metric_labels(domain, levels.iter().map(String::as_str)),
             stats: std::sync::OnceLock::new(),
         })
     }

@@ -152,12 +152,8 @@ impl Limit {
 /// One compiled rule: a descriptor path in a domain with its limit.
 #[derive(Debug)]
 pub struct Rule {
-    /// The domain the rule belongs to.
-    pub domain: Arc<str>,
     /// The reference's composite key, e.g. `domain.key1_value1.subkey1`.
     pub path: String,
-    /// The key of the last descriptor level (for metrics).
-    pub key: String,
     /// `rate_limit.name`, if set (used by `replaces`).
     pub name: Option<String>,
     /// The name as reported in `current_limit.name` (empty when unnamed);
@@ -175,8 +171,6 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// The reference's `value_to_metric`.
     pub value_to_metric: bool,
-    /// The reference's `quota_mode`.
-    pub quota_mode: bool,
     /// Where the rule was written.
     pub source: Source,
     /// Prometheus labels for this limit (`domain="..",key1="..",...`),

@@ -8,17 +8,21 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::future::Either;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower_service::Service;
 
 use super::DRAIN_TIMEOUT;
+use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxReply = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
@@ -54,11 +58,116 @@ where
     }
 }
 
+/// What one connection is doing, for the idle timeout.
+struct Activity {
+    started: tokio::time::Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `started` when the last call ended.
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// How long no call has been in flight (zero while one is).
+    fn idle_for(&self) -> Duration {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(
+            self.now_ms()
+                .saturating_sub(self.last.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// Ends a call's activity, also when the call is dropped (a reset stream).
+struct CallGuard(Arc<Activity>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.0.last.store(self.0.now_ms(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's service: bounds each call's time and records activity.
+#[derive(Clone)]
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    request_timeout: Duration,
+}
+
+impl<S> Service<http::Request<Incoming>> for Tracked<S>
+where
+    S: Service<http::Request<Incoming>, Response = Reply, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = Infallible;
+    type Future = BoxReply;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Incoming>) -> BoxReply {
+        self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = CallGuard(self.activity.clone());
+        let call = self.inner.call(request);
+        let timeout = self.request_timeout;
+        Box::pin(async move {
+            let _guard = guard;
+            match tokio::time::timeout(timeout, call).await {
+                Ok(reply) => reply,
+                // A stream whose body never ends (or a store that never
+                // answers) cannot hold the call past the bound.
+                Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
+                    "call took longer than {timeout:?} (--request-timeout)"
+                ))
+                .into_http()),
+            }
+        })
+    }
+}
+
+/// Waits until the connection has sent the 24-byte HTTP/2 preface, at most
+/// `within`; false when it did not (or closed).
+async fn preface(tcp: &tokio::net::TcpStream, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 24];
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
+            Ok(Ok(n)) if n >= buf.len() => return true,
+            Ok(Ok(0) | Err(_)) | Err(_) => return false,
+            // Part of it: peek returns at once while data waits, so pause.
+            Ok(Ok(_)) => {
+                let pause = tokio::time::sleep(Duration::from_millis(5));
+                if tokio::time::timeout_at(deadline, pause).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 /// Accepts connections on `listener` until `stop` turns true, then closes
 /// them gracefully, giving calls in flight up to [`DRAIN_TIMEOUT`].
 pub(super) async fn serve<S>(
     listener: tokio::net::TcpListener,
     service: S,
+    limits: ConnectionLimits,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()>
 where
@@ -69,35 +178,78 @@ where
     S::Future: Send + 'static,
 {
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // gRPC has no use for a Date header on every response.
-    http2.auto_date_header(false);
+    // Flow-control windows of about one request: a client cannot make a
+    // connection buffer much more than the largest request it may send.
+    let window = u32::try_from(limits.window_bytes.max(65_535)).unwrap_or(i32::MAX as u32);
+    http2
+        // gRPC has no use for a Date header on every response.
+        .auto_date_header(false)
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.keepalive)
+        .keep_alive_timeout(limits.keepalive)
+        .max_concurrent_streams(limits.max_streams)
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .max_send_buf_size(64 * 1024)
+        .max_header_list_size(16 * 1024);
     let mut connections = JoinSet::new();
     // Each connection watches its own copy of the stop signal.
     let stop_for_connections = stop.clone();
+    let mut backoff = AcceptBackoff::default();
+    let full = FullNotice::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (tcp, _) = match accepted {
-                    Ok(accepted) => accepted,
-                    // Out of file descriptors and the like: keep serving the others.
+                let tcp = match accepted {
+                    Ok((tcp, _)) => {
+                        backoff.succeeded("gRPC");
+                        tcp
+                    }
+                    // Out of file descriptors and the like: keep serving the
+                    // others, and retry as soon as some may have freed.
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        tokio::time::sleep(backoff.failed("gRPC", &e)).await;
                         continue;
                     }
                 };
+                let Ok(permit) = limits.grpc_connections.clone().try_acquire_owned() else {
+                    full.full("gRPC", "--max-connections");
+                    drop(tcp);
+                    continue;
+                };
+                full.room();
                 let _ = tcp.set_nodelay(true);
-                let service = TowerToHyperService::new(service.clone());
+                let activity = Arc::new(Activity::new());
+                let service = TowerToHyperService::new(Tracked {
+                    inner: service.clone(),
+                    activity: activity.clone(),
+                    request_timeout: limits.request_timeout,
+                });
                 let mut stop = stop_for_connections.clone();
                 let http2 = http2.clone();
+                let (handshake, idle) = (limits.handshake_timeout, limits.idle_timeout);
                 connections.spawn(async move {
+                    let _permit = permit;
+                    if !preface(&tcp, handshake).await {
+                        return;
+                    }
                     let conn = http2.serve_connection(TokioIo::new(tcp), service);
                     let mut conn = std::pin::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
+                    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(50)));
+                    let mut closing = false;
+                    loop {
+                        tokio::select! {
+                            _ = conn.as_mut() => break,
+                            _ = stop.wait_for(|s| *s), if !closing => {
+                                closing = true;
+                                conn.as_mut().graceful_shutdown();
+                            }
+                            _ = tick.tick(), if !closing => {
+                                if activity.idle_for() >= idle {
+                                    closing = true;
+                                    conn.as_mut().graceful_shutdown();
+                                }
+                            }
                         }
                     }
                 });

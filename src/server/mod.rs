@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod admin;
 mod grpc;
+mod limits;
 mod start;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -23,6 +25,7 @@ use crate::admin::Health;
 use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rls::RlsService;
+pub use limits::ConnectionLimits;
 pub use start::start;
 
 /// How long shutdown waits for in-flight calls and open connections.
@@ -59,6 +62,8 @@ pub struct Serve {
     pub reloader: Option<(Arc<Reloader>, Option<Duration>)>,
     /// How long health checks fail before listeners close on shutdown.
     pub shutdown_delay: Duration,
+    /// Bounds on connections and calls.
+    pub limits: ConnectionLimits,
 }
 
 /// Serves until `shutdown` completes; then reports unhealthy for
@@ -74,6 +79,7 @@ pub fn run(
         admin,
         reloader,
         shutdown_delay,
+        limits,
     } = serve;
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -85,6 +91,7 @@ pub fn run(
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
+        let limits = limits.clone();
         let health_service = health_service.clone();
         let stop = stop_rx.clone();
         let thread = std::thread::Builder::new()
@@ -99,7 +106,7 @@ pub fn run(
                         rls: service,
                         health: health_service,
                     };
-                    grpc::serve(listener, dispatch, stop).await
+                    grpc::serve(listener, dispatch, limits, stop).await
                 })
             })?;
         workers.push(thread);
@@ -110,27 +117,28 @@ pub fn run(
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let router = crate::admin::router(limiter.clone(), health.clone());
-            let mut stop = stop_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                let served = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "admin HTTP stopped");
-                }
-            }));
+            tasks.push(tokio::spawn(admin::serve(
+                listener,
+                router,
+                limits.clone(),
+                stop_rx.clone(),
+            )));
         }
         // State that can no longer matter is dropped every second, so memory
-        // follows the active keys.
+        // follows the active keys. The sweep walks every shard: it runs on a
+        // blocking thread, away from the runtime that answers health checks.
         let sweeper_limiter = limiter.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let now = sweeper_limiter.clock().now();
-                sweeper_limiter.sweep(now);
+                let limiter = sweeper_limiter.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let now = limiter.clock().now();
+                    limiter.sweep(now)
+                })
+                .await;
             }
         }));
         // gRPC health says what /healthcheck says.
@@ -154,7 +162,8 @@ pub fn run(
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
                 Ok(mut hangups) => tasks.push(tokio::spawn(async move {
                     while hangups.recv().await.is_some() {
-                        let _ = reloader.reload("SIGHUP");
+                        let reloader = reloader.clone();
+                        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
                     }
                 })),
                 Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),

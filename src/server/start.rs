@@ -39,6 +39,14 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         instances: args.instances,
         shadow_mode: args.shadow_mode,
         near_limit_ratio: args.near_limit_ratio,
+        bounds: crate::limiter::RequestBounds {
+            descriptors: args.max_descriptors,
+            entries: args.max_entries,
+            value_bytes: args.max_value_bytes,
+            request_bytes: args.max_request_bytes,
+        },
+        max_metric_series: args.max_metric_series,
+        max_label_bytes: args.max_label_bytes,
     };
     let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
     let workers = args
@@ -69,6 +77,17 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         admin,
         reloader: Some((reloader, watch)),
         shutdown_delay: args.shutdown_delay,
+        limits: super::ConnectionLimits {
+            grpc_connections: Arc::new(tokio::sync::Semaphore::new(args.max_connections)),
+            handshake_timeout: args.handshake_timeout,
+            idle_timeout: args.idle_timeout,
+            keepalive: args.keepalive,
+            request_timeout: args.request_timeout,
+            max_streams: args.max_streams,
+            window_bytes: args.max_request_bytes,
+            admin_connections: Arc::new(tokio::sync::Semaphore::new(args.max_admin_connections)),
+            admin_timeout: args.admin_timeout,
+        },
     };
     super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
 }
@@ -95,7 +114,7 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
     let mut options = RedisOptions::new(target);
     options.timeout = args.redis_timeout;
     options.prefix = args.redis_prefix.clone();
-    options.breaker_threshold = args.redis_breaker.max(1);
+    options.breaker_threshold = args.redis_breaker;
     options.over_limit_cache = args.over_limit_cache == OnOff::On;
     let store = RedisStore::new(options)?;
     // Redis being down at start is an outage like any other: start, answer

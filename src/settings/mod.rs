@@ -62,12 +62,74 @@ pub struct ServeArgs {
 
     /// The most keys the memory store holds; past it, new keys get the
     /// failure mode until old ones expire.
-    #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 20_000_000)]
+    #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = 20_000_000, value_parser = at_least_one)]
     pub max_keys: usize,
 
     /// Worker threads, each with its own runtime and listener. Default: one per core.
-    #[arg(long, env = "TOLLGATE_WORKERS")]
+    #[arg(long, env = "TOLLGATE_WORKERS", value_parser = at_least_one)]
     pub workers: Option<usize>,
+
+    /// Most descriptors in one request; more is refused as INVALID_ARGUMENT.
+    #[arg(long, env = "TOLLGATE_MAX_DESCRIPTORS", default_value_t = 128, value_parser = at_least_one)]
+    pub max_descriptors: usize,
+
+    /// Most entries in one descriptor; more is refused as INVALID_ARGUMENT.
+    #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = 32, value_parser = at_least_one)]
+    pub max_entries: usize,
+
+    /// Longest domain, descriptor key or value in bytes; longer is refused
+    /// as INVALID_ARGUMENT.
+    #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = 65_536, value_parser = at_least_one)]
+    pub max_value_bytes: usize,
+
+    /// Largest request message in bytes (gRPC and /json); larger is refused
+    /// before it is decoded.
+    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
+    pub max_request_bytes: usize,
+
+    /// Most open gRPC connections (all workers); past it new ones are closed at once.
+    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = at_least_one)]
+    pub max_connections: usize,
+
+    /// Most concurrent calls (HTTP/2 streams) on one gRPC connection.
+    #[arg(long, env = "TOLLGATE_MAX_STREAMS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams: u32,
+
+    /// Time a new gRPC connection has to send the HTTP/2 preface.
+    #[arg(long, env = "TOLLGATE_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// A gRPC connection with no call in flight for this long is closed
+    /// gracefully (Envoy reconnects on its next call).
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// HTTP/2 PING interval on gRPC connections; a peer that does not answer
+    /// within the same time is dropped.
+    #[arg(long, env = "TOLLGATE_KEEPALIVE", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive: Duration,
+
+    /// Longest one gRPC call may take, reading its body included; past it
+    /// the call ends with DEADLINE_EXCEEDED.
+    #[arg(long, env = "TOLLGATE_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Most open admin HTTP connections; past it new ones are closed at once.
+    #[arg(long, env = "TOLLGATE_MAX_ADMIN_CONNECTIONS", default_value_t = 64, value_parser = at_least_one)]
+    pub max_admin_connections: usize,
+
+    /// Longest an admin HTTP connection stays open (headers, body, response).
+    #[arg(long, env = "TOLLGATE_ADMIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub admin_timeout: Duration,
+
+    /// Most metric label sets made from request keys or values (limits sent
+    /// in requests, `detailed_metric`); past it hits count in one overflow series.
+    #[arg(long, env = "TOLLGATE_MAX_METRIC_SERIES", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_metric_series: u64,
+
+    /// Longest metric label value made from a request, in bytes (cut beyond).
+    #[arg(long, env = "TOLLGATE_MAX_LABEL_BYTES", default_value_t = 128, value_parser = at_least_one)]
+    pub max_label_bytes: usize,
 
     /// Where counters live.
     #[arg(long, env = "TOLLGATE_STORE", value_enum, default_value_t = StoreKind::Memory)]
@@ -92,7 +154,7 @@ pub struct ServeArgs {
 
     /// Redis failures in a row after which Tollgate stops waiting on Redis
     /// and probes it in the background.
-    #[arg(long, env = "TOLLGATE_REDIS_BREAKER", default_value_t = 5)]
+    #[arg(long, env = "TOLLGATE_REDIS_BREAKER", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_breaker: u32,
 
     /// Answer keys known to be over their limit from memory until they reset.
@@ -231,6 +293,15 @@ pub enum OnStoreError {
     FailureMode,
     /// gRPC UNAVAILABLE, as envoyproxy/ratelimit.
     Unavailable,
+}
+
+/// Parses a whole number of at least one.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{text}' is not a whole number")),
+    }
 }
 
 /// Parses `250us`, `10ms`, `2s` or `1m`.

@@ -53,10 +53,10 @@ impl Check {
 pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commits {
     let mut pending: Commits = smallvec::smallvec![None; checks.len()];
     let mut blocked = false;
+    let earlier = earlier_checks(checks);
     for i in 0..checks.len() {
         // An earlier check of the same counter in this request sees through.
-        let earlier = (0..i).rev().find(|&j| checks[j].key == checks[i].key);
-        let state = earlier
+        let state = earlier[i]
             .and_then(|j| pending[j].map(|(s, _)| s))
             .unwrap_or(states[i]);
         let check = &mut checks[i];
@@ -77,4 +77,22 @@ pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commi
         pending.iter_mut().for_each(|p| *p = None);
     }
     pending
+}
+
+/// For each check, the closest earlier check of the same counter. Linear in
+/// the request (a hash map past a handful of checks), so a request of many
+/// descriptors costs no more than its size while the store holds its locks.
+fn earlier_checks(checks: &[Check]) -> smallvec::SmallVec<[Option<usize>; 4]> {
+    if checks.len() <= 8 {
+        return (0..checks.len())
+            .map(|i| (0..i).rev().find(|&j| checks[j].key == checks[i].key))
+            .collect();
+    }
+    let mut last: std::collections::HashMap<&[u8], usize> =
+        std::collections::HashMap::with_capacity(checks.len());
+    checks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| last.insert(c.key.as_bytes(), i))
+        .collect()
 }

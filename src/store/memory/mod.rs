@@ -139,6 +139,33 @@ impl MemoryStore {
         }
         let commits = decide_batch(checks, &states, now);
         let now_secs = (now / NANOS_PER_SEC) as u32;
+        // Room for every new key is made (or found missing) before anything
+        // is written: a request the store cannot hold whole spends nothing.
+        let new_keys = |shard: usize, guard: &Shard| {
+            let mut hashes: SmallVec<[u64; 4]> = SmallVec::new();
+            for ((commit, place), located) in commits.iter().zip(&places).zip(&located) {
+                if let (Some(_), Place::Table(hash, _), true) = (commit, place, located.0 == shard)
+                    && !hashes.contains(hash)
+                    && guard.table.find(*hash, |e| e.hash == *hash).is_none()
+                {
+                    hashes.push(*hash);
+                }
+            }
+            hashes.len()
+        };
+        for (shard, guard) in guards.iter_mut() {
+            // Cheap bound first: the hot path never counts.
+            if guard.table.len() + checks.len() > self.max_per_shard
+                && guard.table.len() + new_keys(*shard, guard) > self.max_per_shard
+            {
+                sweep_shard(guard, now_secs);
+                if guard.table.len() + new_keys(*shard, guard) > self.max_per_shard {
+                    return Err(StoreError::Full {
+                        max_keys: self.max_keys,
+                    });
+                }
+            }
+        }
         for ((commit, place), (check, &(shard, _, _))) in commits
             .into_iter()
             .zip(&places)
@@ -149,54 +176,7 @@ impl MemoryStore {
             };
             let expires = u32::try_from(expires.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
             let guard = &mut guards[shard_of(shard)].1;
-            self.write(guard, place, &check.key, state, expires, now_secs)?;
-        }
-        Ok(())
-    }
-
-    fn write(
-        &self,
-        shard: &mut Shard,
-        place: &Place,
-        key: &CounterKey,
-        state: State,
-        expires: u32,
-        now_secs: u32,
-    ) -> Result<(), StoreError> {
-        let slot = Slot { state, expires };
-        match *place {
-            Place::Overflow => {
-                shard.overflow.insert(key.as_bytes().into(), slot);
-            }
-            Place::Table(hash, tag) => {
-                if let Some(e) = shard.table.find_mut(hash, |e| e.hash == hash) {
-                    if e.check == tag {
-                        e.state = state;
-                        e.expires = expires;
-                    } else {
-                        shard.overflow.insert(key.as_bytes().into(), slot);
-                    }
-                    return Ok(());
-                }
-                if shard.table.len() >= self.max_per_shard {
-                    sweep_shard(shard, now_secs);
-                    if shard.table.len() >= self.max_per_shard {
-                        return Err(StoreError::Full {
-                            max_keys: self.max_keys,
-                        });
-                    }
-                }
-                shard.table.insert_unique(
-                    hash,
-                    Entry {
-                        hash,
-                        check: tag,
-                        expires,
-                        state,
-                    },
-                    |e| e.hash,
-                );
-            }
+            write(guard, place, &check.key, state, expires);
         }
         Ok(())
     }
@@ -225,6 +205,38 @@ impl MemoryStore {
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Writes one committed state; room for new keys was made beforehand.
+fn write(shard: &mut Shard, place: &Place, key: &CounterKey, state: State, expires: u32) {
+    let slot = Slot { state, expires };
+    match *place {
+        Place::Overflow => {
+            shard.overflow.insert(key.as_bytes().into(), slot);
+        }
+        Place::Table(hash, tag) => match shard.table.find_mut(hash, |e| e.hash == hash) {
+            Some(e) if e.check == tag => {
+                e.state = state;
+                e.expires = expires;
+            }
+            // Another key with this hash: the overflow map keeps both apart.
+            Some(_) => {
+                shard.overflow.insert(key.as_bytes().into(), slot);
+            }
+            None => {
+                shard.table.insert_unique(
+                    hash,
+                    Entry {
+                        hash,
+                        check: tag,
+                        expires,
+                        state,
+                    },
+                    |e| e.hash,
+                );
+            }
+        },
     }
 }
 

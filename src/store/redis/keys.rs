@@ -1,10 +1,15 @@
-//! Redis key names and Cluster hash slots.
+//! Redis key names.
 //!
-//! `tollgate:{api|user=ann|org=acme}:sw:minute:29512345` — prefix, then the
+//! `tollgate:{api|user=ann|org=acme}:sw:minute:29512345`: the prefix, then the
 //! descriptor in a hash tag (so every key of one descriptor lives in one
-//! slot), the algorithm, the unit and, for the windows, the window number.
-
-use std::fmt::Write;
+//! Cluster slot), the algorithm, the unit and, for the windows, the window
+//! number.
+//!
+//! The encoding is injective: in the domain, keys and values, `%` and the
+//! characters that structure the name (`|`, `=`, `{`, `}`) are
+//! percent-encoded, so a value such as `victim|path=/login` cannot land on
+//! another descriptor's counter, and no value can end the hash tag early.
+//! The prefix may not contain braces (checked when the store is built).
 
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
@@ -17,9 +22,12 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, now: Nanos) -> ([String;
     let mut base = String::with_capacity(64);
     base.push_str(prefix);
     base.push('{');
-    base.push_str(parts.domain);
+    escape_into(&mut base, parts.domain);
     for (k, v) in &parts.entries {
-        let _ = write!(base, "|{k}={v}");
+        base.push('|');
+        escape_into(&mut base, k);
+        base.push('=');
+        escape_into(&mut base, v);
     }
     base.push('}');
     let code = algorithm_code(parts.algorithm);
@@ -35,6 +43,20 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, now: Nanos) -> ([String;
             2,
         ),
         Algorithm::TokenBucket => ([format!("{base}:{code}:{unit}"), String::new()], 1),
+    }
+}
+
+/// Appends `text` with `%`, `|`, `=`, `{` and `}` percent-encoded.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '|' => out.push_str("%7C"),
+            '=' => out.push_str("%3D"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
     }
 }
 
@@ -56,50 +78,12 @@ pub(super) fn script_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The Redis Cluster hash slot of `key` (CRC16/XMODEM of the hash tag, or of
-/// the whole key when it has none, modulo 16384).
-pub(super) fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rules::Unit;
-
-    #[test]
-    fn slots_match_redis() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(slot("123456789"), 12739);
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
-        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
-        assert_eq!(
-            slot("{}x"),
-            crc16(b"{}x") % 16384,
-            "an empty tag hashes the whole key"
-        );
-    }
+    use proptest::prelude::*;
+    use redis::cluster_routing::Slot;
 
     #[test]
     fn names_are_readable_and_share_a_slot() {
@@ -109,6 +93,51 @@ mod tests {
         assert_eq!(n, 2);
         assert_eq!(current, "tollgate:{api|user=ann}:sw:minute:2");
         assert_eq!(previous, "tollgate:{api|user=ann}:sw:minute:1");
-        assert_eq!(slot(&current), slot(&previous));
+        assert_eq!(Slot::for_key(&current), Slot::for_key(&previous));
+    }
+
+    #[test]
+    fn a_value_cannot_spell_another_descriptor() {
+        let name = |entries: &[(&str, &str)]| {
+            let mut key = CounterKey::new("api", Algorithm::FixedWindow, Unit::Minute);
+            for (k, v) in entries {
+                key.entry(k, v);
+            }
+            key_names("tollgate:", &key, 0).0[0].clone()
+        };
+        let attacker = name(&[("user", "victim|path=/login")]);
+        let victim = name(&[("user", "victim"), ("path", "/login")]);
+        assert_ne!(attacker, victim);
+        // A `}` in a value does not end the hash tag: both keys of a sliding
+        // window still share the whole descriptor's slot.
+        let braces = name(&[("user", "a}b{c")]);
+        assert_eq!(braces, "tollgate:{api|user=a%7Db%7Bc}:fw:minute:0");
+    }
+
+    fn descriptor() -> impl Strategy<Value = (String, Vec<(String, String)>)> {
+        // Few characters, most of them special, so collisions would be found.
+        let text = "[a|=%{}7CD]{0,4}";
+        (text, prop::collection::vec((text, text), 1..4))
+    }
+
+    proptest! {
+        #[test]
+        fn distinct_descriptors_never_share_a_key(a in descriptor(), b in descriptor()) {
+            let name = |(domain, entries): &(String, Vec<(String, String)>)| {
+                let mut key = CounterKey::new(domain, Algorithm::SlidingWindow, Unit::Hour);
+                for (k, v) in entries {
+                    key.entry(k, v);
+                }
+                key_names("tollgate:", &key, 7_200_000_000_000).0
+            };
+            let (na, nb) = (name(&a), name(&b));
+            prop_assert_eq!(a == b, na == nb);
+            for n in na.iter().chain(&nb) {
+                // One hash tag per name, ending where the descriptor ends.
+                prop_assert_eq!(n.matches('{').count(), 1);
+                prop_assert_eq!(n.matches('}').count(), 1);
+            }
+            prop_assert_eq!(Slot::for_key(&na[0]), Slot::for_key(&na[1]));
+        }
     }
 }

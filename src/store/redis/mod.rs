@@ -33,10 +33,11 @@ use redis::{RedisError, Script, Value};
 use smallvec::SmallVec;
 
 use super::{Check, StoreError};
-use crate::algorithm::{Algorithm, Outcome};
+use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
 use crate::clock::Nanos;
-use keys::{key_names, script_code, slot};
+use keys::{key_names, script_code};
 pub use over_limit::OverLimitCache;
+use redis::cluster_routing::Slot;
 
 const ALGORITHMS: &str = concat!(
     "local ALGORITHMS = {}\n",
@@ -178,6 +179,13 @@ struct Group {
 impl RedisStore {
     /// A store for `options`. Connects lazily; see [`RedisStore::ping`].
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
+        // A brace would break the hash tag that keeps a descriptor's keys in one slot.
+        if options.prefix.contains(['{', '}']) {
+            return Err(StoreError::Config(format!(
+                "Redis key prefix '{}' must not contain '{{' or '}}'",
+                options.prefix
+            )));
+        }
         // Validate the target now, so a bad URL stops start-up.
         match &options.target {
             RedisTarget::Standalone(url) => {
@@ -278,23 +286,32 @@ impl RedisStore {
         {
             return Ok(());
         }
-        // One bound for the whole decision: connecting (first use, or after an
-        // outage), the script call and, in Cluster, any refund.
+        // One bound for the decision: connecting (first use, or after an
+        // outage) and the script calls. A refusal is final once decided: the
+        // Cluster refund runs after, under its own bound, so a slow refund
+        // can never turn a refusal into a failure-mode admission.
         let timeout = self.inner.options.timeout;
         let result = tokio::time::timeout(timeout, self.call(checks, now))
             .await
             .unwrap_or(Err(StoreError::Timeout(timeout)));
-        match &result {
-            Ok(()) => {
+        match result {
+            Ok(groups) => {
                 self.inner.failures.store(0, Ordering::Relaxed);
                 if let Some(cache) = &self.inner.over_limit {
                     cache.remember(checks, now);
                 }
+                if groups.len() > 1 {
+                    self.keep_all_or_nothing(checks, &groups).await;
+                }
+                Ok(())
             }
-            Err(e) if e.is_transient() => self.failed(e),
-            Err(_) => {}
+            Err(e) => {
+                if e.is_transient() {
+                    self.failed(&e);
+                }
+                Err(e)
+            }
         }
-        result
     }
 
     fn failed(&self, error: &StoreError) {
@@ -330,12 +347,20 @@ impl RedisStore {
         });
     }
 
-    async fn call(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+    async fn call(
+        &self,
+        checks: &mut [Check],
+        now: Nanos,
+    ) -> Result<SmallVec<[(Slot, Group); 2]>, StoreError> {
         let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
-        let mut groups: SmallVec<[(u16, Group); 2]> = SmallVec::new();
+        let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
             let (names, n) = key_names(&self.inner.options.prefix, &check.key, now);
-            let slot = if cluster { slot(&names[0]) } else { 0 };
+            let slot = if cluster {
+                Slot::for_key(&names[0])
+            } else {
+                Slot::for_key("")
+            };
             let group = match groups.iter().position(|(s, _)| *s == slot) {
                 Some(g) => &mut groups[g].1,
                 None => {
@@ -352,8 +377,8 @@ impl RedisStore {
             group.checks.push(i);
             group.keys.extend(names.into_iter().take(n));
         }
-        let mut conn = self.conn().await?;
-        let now_us = now / 1_000;
+        let conn = self.conn().await?;
+        let now_us = now / NANOS_PER_TICK;
         let calls = groups.iter().map(|(_, group)| {
             // EVALSHA written straight into one command buffer.
             let mut cmd = redis::cmd("EVALSHA");
@@ -366,8 +391,8 @@ impl RedisStore {
                 let c = &checks[i];
                 cmd.arg(script_code(c.algorithm))
                     .arg(c.quota.limit)
-                    .arg(c.quota.period / 1_000)
-                    .arg(c.quota.burst)
+                    .arg((c.quota.period / NANOS_PER_TICK).max(1))
+                    .arg(c.quota.burst.max(1))
                     .arg(c.hits)
                     .arg(if c.enforced { "1" } else { "0" });
             }
@@ -385,31 +410,32 @@ impl RedisStore {
                 checks[i].outcome = Some(Outcome {
                     allowed,
                     remaining,
-                    wait: wait_us.saturating_mul(1_000),
+                    wait: wait_us.saturating_mul(NANOS_PER_TICK),
                     commit: None,
                 });
             }
         }
-        if groups.len() > 1 {
-            self.keep_all_or_nothing(&mut conn, checks, &groups).await?;
-        }
-        Ok(())
+        Ok(groups)
     }
 
     /// Across hash slots each script call is all or nothing on its own; when
     /// one slot refused the request, the hits the others committed are given
-    /// back, so the request as a whole spends nothing.
-    async fn keep_all_or_nothing(
-        &self,
-        conn: &mut Conn,
-        checks: &[Check],
-        groups: &[(u16, Group)],
-    ) -> Result<(), StoreError> {
+    /// back, so the request as a whole spends nothing. The refusal stands
+    /// whatever happens here; a refund that fails leaves those hits spent, so
+    /// the error is only ever on the side of refusing, and it is logged.
+    async fn keep_all_or_nothing(&self, checks: &[Check], groups: &[(Slot, Group)]) {
         let denied =
             |i: &usize| checks[*i].enforced && checks[*i].outcome.is_some_and(|o| !o.allowed);
         if !groups.iter().any(|(_, g)| g.checks.iter().any(denied)) {
-            return Ok(());
+            return;
         }
+        let conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, "refund across Cluster slots not sent; the refused request's hits stay spent");
+                return;
+            }
+        };
         let refunds = groups
             .iter()
             .filter(|(_, g)| !g.checks.iter().any(denied))
@@ -432,7 +458,8 @@ impl RedisStore {
                     } else {
                         0
                     };
-                    let interval = c.quota.period / 1_000 / u64::from(c.quota.limit.max(1));
+                    let period = (c.quota.period / NANOS_PER_TICK).max(1);
+                    let interval = period / u64::from(c.quota.limit.max(1));
                     inv.arg(script_code(c.algorithm))
                         .arg(committed)
                         .arg(interval.max(1));
@@ -440,10 +467,15 @@ impl RedisStore {
                 let mut conn = conn.clone();
                 async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
             });
-        for refund in join_all(refunds).await {
-            refund?;
+        let timeout = self.inner.options.timeout;
+        let refunded = tokio::time::timeout(timeout, join_all(refunds)).await;
+        let failed = match refunded {
+            Err(_) => Some(StoreError::Timeout(timeout)),
+            Ok(results) => results.into_iter().find_map(Result::err),
+        };
+        if let Some(error) = failed {
+            tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
         }
-        Ok(())
     }
 }
 

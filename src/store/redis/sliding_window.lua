@@ -1,45 +1,60 @@
--- Sliding window counter (mirrors src/algorithm/sliding_window.rs).
+-- Sliding window counter (the same integers as src/algorithm/sliding_window.rs).
 -- key: this window's counter; previous_key: the previous window's counter.
--- Admitted while previous * (period - offset) / period + current + cost - 1 < limit.
+-- The window is cut into n <= 2^19 steps of `step` µs; after e whole steps the
+-- previous window weighs (n - e) / n. Admitted while
+--   previous * (n - e) + (current + cost - 1) * n < limit * n.
+-- Every product stays below 2^53, where doubles hold integers exactly.
 -- Returns allowed (1/0), remaining, wait (µs), and the value to write with its
 -- expiry (µs), or nil when nothing changes.
 
--- The earliest offset at which previous * (period - o) < room * period.
-local function earliest(period, previous, room)
+local MAX_STEPS = 524288
+
+-- The first step at which previous * (n - e) < room * n (at most n).
+local function earliest(previous, room, n)
   if previous == 0 then return 0 end
-  local o = period - math.floor((room * period - 1) / previous)
-  if o < 0 then return 0 end
-  return o
+  local e = n - math.floor((room * n - 1) / previous)
+  if e < 0 then return 0 end
+  return e
 end
 
 ALGORITHMS['s'] = function(key, previous_key, now, limit, period, _, hits, read)
+  local step = 1
+  while math.ceil(period / step) > MAX_STEPS do step = step * 10 end
+  local n = math.ceil(period / step)
   local window = math.floor(now / period)
   local offset = now - window * period
   local window_end = (window + 1) * period
+  local elapsed = math.floor(offset / step)
   local current = read(key)
   local previous = read(previous_key)
   local cost = hits
   if cost < 1 then cost = 1 end
-  local weighted = previous * (period - offset) / period
-  if weighted + current + cost - 1 >= limit then
+  local weighted = previous * (n - elapsed)
+  if cost > limit or weighted + (current + cost - 1) * n >= limit * n then
     local wait
-    local room_now = limit + 1 - current - cost
-    if room_now > 0 then
-      local at = earliest(period, previous, room_now)
-      if at < offset then at = offset end
-      if at < period then wait = at - offset end
-    end
-    if wait == nil then
-      local room = limit + 1 - cost
+    if cost > limit then
       wait = period - offset
-      if room > 0 then wait = wait + earliest(period, current, room) end
+    else
+      local room_now = limit + 1 - current - cost
+      if room_now > 0 then
+        local at = earliest(previous, room_now, n) * step
+        if at < period then
+          wait = at - offset
+          if wait < 0 then wait = 0 end
+        end
+      end
+      if wait == nil then
+        local at = earliest(current, limit + 1 - cost, n) * step
+        if at > period then at = period end
+        wait = period - offset + at
+      end
     end
-    local left = limit - math.ceil(weighted + current)
+    local left = limit - math.ceil((weighted + current * n) / n)
     if left < 0 then left = 0 end
     return 0, left, wait
   end
   current = current + hits
-  local left = limit - math.ceil(weighted + current)
+  local left = limit - math.ceil((weighted + current * n) / n)
   if left < 0 then left = 0 end
   if hits > 0 then
     -- This window still counts, as the previous one, through the next window.

@@ -1,7 +1,11 @@
--- Token bucket as GCRA (mirrors src/algorithm/token_bucket.rs).
+-- Token bucket as GCRA (the same integers as src/algorithm/token_bucket.rs).
 -- key: the theoretical arrival time (µs); the key expires when the bucket is full.
 -- Returns allowed (1/0), remaining, wait (µs), and the value to write with its
 -- expiry (µs), or nil when nothing changes.
+
+-- 100 years in µs: the longest refill (src/algorithm/mod.rs MAX_BUCKET_SPAN).
+local MAX_SPAN = 3153600000000000
+
 ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
   if limit == 0 then
     return 0, 0, period
@@ -9,22 +13,27 @@ ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
   local interval = math.floor(period / limit)
   if interval < 1 then interval = 1 end
   local tolerance = interval * burst
+  if tolerance > MAX_SPAN then tolerance = MAX_SPAN end
+  local most = math.floor(tolerance / interval)
   local tat = read(key)
   if tat < now then tat = now end
+  local function left(t)
+    local l = tolerance - (t - now)
+    if l < 0 then return 0 end
+    return math.floor(l / interval)
+  end
   local cost = hits
   if cost < 1 then cost = 1 end
+  if cost > most then
+    return 0, left(tat), tat - now
+  end
   local needed = tat + interval * cost
   if needed - now > tolerance then
-    local wait = needed - now - tolerance
-    if cost > burst then wait = tat - now end
-    local left = tolerance - (tat - now)
-    if left < 0 then left = 0 end
-    return 0, math.floor(left / interval), wait
+    return 0, left(tat), needed - now - tolerance
   end
   tat = tat + interval * hits
-  local left = math.floor((tolerance - (tat - now)) / interval)
   if hits > 0 then
-    return 1, left, tat - now, tat, tat
+    return 1, left(tat), tat - now, tat, tat
   end
-  return 1, left, tat - now
+  return 1, left(tat), tat - now
 end

@@ -1,0 +1,63 @@
+//! The admin HTTP listener: HTTP/1.1 with a bound on connections and on how
+//! long each may stay open (slow headers, a body that never ends, a reader
+//! that never reads), so a slow client cannot lock out health checks.
+
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
+
+/// Serves `router` on `listener` until `stop` turns true.
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.admin_timeout.min(Duration::from_secs(10)))
+        .max_buf_size(64 * 1024);
+    let mut connections = JoinSet::new();
+    let mut backoff = AcceptBackoff::default();
+    let full = FullNotice::default();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let tcp = match accepted {
+                    Ok((tcp, _)) => {
+                        backoff.succeeded("admin");
+                        tcp
+                    }
+                    Err(e) => {
+                        tokio::time::sleep(backoff.failed("admin", &e)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = limits.admin_connections.clone().try_acquire_owned() else {
+                    full.full("admin", "--max-admin-connections");
+                    drop(tcp);
+                    continue;
+                };
+                full.room();
+                let service = TowerToHyperService::new(router.clone());
+                let conn = http1.serve_connection(TokioIo::new(tcp), service);
+                let lifetime = limits.admin_timeout;
+                connections.spawn(async move {
+                    let _permit = permit;
+                    // Past its lifetime the connection is simply dropped:
+                    // whatever it was waiting for, it has had its time.
+                    let _ = tokio::time::timeout(lifetime, conn).await;
+                });
+            }
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.abort_all();
+}

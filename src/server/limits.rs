@@ -1,0 +1,105 @@
+//! Bounds on what a client can hold: connections, idle time, stalled
+//! handshakes and streams, buffers. Every bound is a flag (see the README's
+//! "Bounds" table); the defaults leave Envoy's own behaviour untouched.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+/// Connection bounds for the gRPC and admin listeners.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Open gRPC connections, all workers together (`--max-connections`).
+    pub grpc_connections: Arc<Semaphore>,
+    /// Time for a new connection to send the HTTP/2 preface (`--handshake-timeout`).
+    pub handshake_timeout: Duration,
+    /// A connection with no call in flight for this long is closed
+    /// gracefully (`--idle-timeout`); Envoy reconnects on its next call.
+    pub idle_timeout: Duration,
+    /// HTTP/2 PING interval; a peer that does not answer within the same
+    /// time is dropped (`--keepalive`).
+    pub keepalive: Duration,
+    /// Longest one call may take, reading its body included
+    /// (`--request-timeout`); past it the call ends with DEADLINE_EXCEEDED.
+    pub request_timeout: Duration,
+    /// Concurrent streams per gRPC connection (`--max-streams`).
+    pub max_streams: u32,
+    /// HTTP/2 flow-control window (`--max-request-bytes`): a connection
+    /// buffers about this much unread, and a request is no larger.
+    pub window_bytes: usize,
+    /// Open admin connections (`--max-admin-connections`).
+    pub admin_connections: Arc<Semaphore>,
+    /// Longest an admin connection stays open, headers, body and response
+    /// included (`--admin-timeout`).
+    pub admin_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            grpc_connections: Arc::new(Semaphore::new(10_000)),
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(3600),
+            keepalive: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
+            max_streams: 1024,
+            window_bytes: 1024 * 1024,
+            admin_connections: Arc::new(Semaphore::new(64)),
+            admin_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Backs off after failed accepts (out of file descriptors, say), so the
+/// loop does not spin, and logs once per episode instead of once per failure.
+#[derive(Debug, Default)]
+pub(super) struct AcceptBackoff {
+    delay: Option<Duration>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MOST: Duration = Duration::from_secs(1);
+
+    /// An accept failed: logs the first failure of an episode and returns
+    /// how long to wait before the next attempt.
+    pub(super) fn failed(&mut self, what: &str, error: &std::io::Error) -> Duration {
+        let delay = match self.delay {
+            None => {
+                tracing::warn!(listener = what, %error, "accept failing; backing off until it succeeds");
+                Self::FIRST
+            }
+            Some(d) => (d * 2).min(Self::MOST),
+        };
+        self.delay = Some(delay);
+        delay
+    }
+
+    /// An accept succeeded: ends the episode.
+    pub(super) fn succeeded(&mut self, what: &str) {
+        if self.delay.take().is_some() {
+            tracing::info!(listener = what, "accepting connections again");
+        }
+    }
+}
+
+/// Logs "connection limit reached" once per episode.
+#[derive(Debug, Default)]
+pub(super) struct FullNotice(AtomicBool);
+
+impl FullNotice {
+    pub(super) fn full(&self, what: &str, flag: &str) {
+        if !self.0.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                listener = what,
+                "connection limit reached ({flag}); refusing new connections until some close"
+            );
+        }
+    }
+
+    pub(super) fn room(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
