@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use tollgate::rules::load_paths;
-use tollgate::settings::{CheckArgs, Cli, Command, KNOWN_ENV, LogFormat, ServeArgs};
+use tollgate::settings::{CheckArgs, Cli, Command, LogFormat, ServeArgs, unknown_env};
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -21,10 +21,15 @@ fn main() -> ExitCode {
                     .and_then(|m| m.value_source(id))
                     .is_some_and(|s| s != ValueSource::DefaultValue)
             };
-            let unknown: Vec<String> = std::env::vars()
-                .map(|(k, _)| k)
-                .filter(|k| k.starts_with("TOLLGATE_") && !KNOWN_ENV.contains(&k.as_str()))
+            let vars: Vec<(String, String)> = std::env::vars_os()
+                .map(|(k, v)| {
+                    (
+                        k.to_string_lossy().into_owned(),
+                        v.to_string_lossy().into_owned(),
+                    )
+                })
                 .collect();
+            let unknown = unknown_env(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             if !unknown.is_empty() {
                 eprintln!(
                     "tollgate: unknown setting(s) {}; not starting (see `tollgate serve --help`)",

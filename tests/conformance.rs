@@ -35,6 +35,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: hot
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: acct
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 2}
 ";
 
 enum Backend {
@@ -275,6 +280,77 @@ async fn fifty_concurrent_requests_admit_exactly_the_limit(h: &Harness) {
     }
 }
 
+/// A request whose one descriptor carries its own `hits_addend`.
+fn with_hits(entries: &[(&'static str, &'static str)], hits: u64) -> Request<'static> {
+    Request {
+        domain: "c",
+        descriptors: [Descriptor {
+            entries: entries.iter().copied().collect(),
+            hits_addend: Some(hits),
+            ..Descriptor::default()
+        }]
+        .into_iter()
+        .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn a_hostile_hits_addend_is_refused_and_changes_nothing(h: &Harness) {
+    h.at(1.0);
+    let hostile = [
+        u64::MAX,
+        u64::MAX - 3,
+        1 << 63,
+        1 << 53,
+        u64::from(u32::MAX) + 1,
+        61,
+    ];
+    for key in ["fixed", "sliding", "bucket"] {
+        let d: &[(&str, &str)] = &[(key, "x")];
+        assert!(!h.ask(&[d], 2).await.over_limit, "{key}: two admitted");
+        // A check (per-descriptor hits 0) reads what is left without spending.
+        let left = || async {
+            let out = h
+                .limiter
+                .should_rate_limit(&with_hits(&[(key, "x")], 0))
+                .await;
+            out.expect("decided").statuses[0].remaining
+        };
+        let before = left().await;
+        for hits in hostile {
+            let out = h
+                .limiter
+                .should_rate_limit(&with_hits(&[(key, "x")], hits))
+                .await
+                .expect("decided");
+            assert!(out.over_limit, "{key}: {hits} hits are more than the limit");
+            assert_eq!(out.statuses[0].remaining, before, "{key}: {hits}");
+        }
+        // The counter did not move: exactly what was left is still left.
+        assert_eq!(
+            left().await,
+            before,
+            "{key}: refused hits changed the counter"
+        );
+    }
+}
+
+async fn a_value_cannot_spend_another_descriptors_budget(h: &Harness) {
+    h.at(1.0);
+    // `acct=victim|path=/login` is one entry whose value looks like two.
+    let forged: &[(&str, &str)] = &[("acct", "victim|path=/login")];
+    assert_eq!(h.admitted(&[forged], 5).await, 2);
+    let real: &[(&str, &str)] = &[("acct", "victim"), ("path", "/login")];
+    assert_eq!(
+        h.admitted(&[real], 5).await,
+        2,
+        "the victim's budget is whole"
+    );
+    // A brace cannot end the hash tag early either.
+    let braces: &[(&str, &str)] = &[("acct", "a}b"), ("path", "{x")];
+    assert_eq!(h.admitted(&[braces], 5).await, 2);
+}
+
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
         mod memory {
@@ -317,4 +393,6 @@ conformance!(
     hits_addend_counts_and_zero_only_checks,
     shadow_mode_never_blocks_and_still_counts,
     fifty_concurrent_requests_admit_exactly_the_limit,
+    a_hostile_hits_addend_is_refused_and_changes_nothing,
+    a_value_cannot_spend_another_descriptors_budget,
 );

@@ -30,23 +30,33 @@ impl Health {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// `Ok` when the instance is serving, the rules are loaded and the store
-    /// answers; otherwise the reason.
-    pub async fn check(&self, limiter: &Limiter) -> Result<(), String> {
+    /// `Ok` when the instance should receive traffic, with a note when it
+    /// is degraded; otherwise the reason it should not.
+    ///
+    /// A store outage is not a reason to leave, unless the operator chose
+    /// `--on-store-error unavailable`: with failure modes, every replica
+    /// still answers each rule as its author asked (deny for a login limit,
+    /// allow elsewhere), whereas failing readiness would pull every replica
+    /// at once, and Envoy would then apply its one `failure_mode_deny` to
+    /// every rule alike. The outage shows in the body, the logs and metrics.
+    pub async fn check(&self, limiter: &Limiter) -> Result<Option<String>, String> {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
         }
         if limiter.rules().domain_count() == 0 {
             return Err("no rules loaded".into());
         }
-        match limiter.store() {
+        let store = match limiter.store() {
             Store::Memory(_) => Ok(()),
-            Store::Redis(redis) => {
-                if redis.circuit_open() {
-                    return Err("store: Redis unavailable (circuit open)".into());
-                }
-                redis.ping().await.map_err(|e| format!("store: {e}"))
+            Store::Redis(redis) if redis.circuit_open() => {
+                Err("store: Redis unavailable (circuit open)".to_owned())
             }
+            Store::Redis(redis) => redis.ping().await.map_err(|e| format!("store: {e}")),
+        };
+        match store {
+            Ok(()) => Ok(None),
+            Err(reason) if limiter.options().unavailable_on_store_error => Err(reason),
+            Err(reason) => Ok(Some(format!("{reason}; answering from failure modes"))),
         }
     }
 }
@@ -72,7 +82,10 @@ pub fn router(limiter: Arc<Limiter>, health: Arc<Health>) -> Router {
 
 async fn healthcheck(State(s): State<AdminState>) -> Response {
     match s.health.check(&s.limiter).await {
-        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Ok(None) => (StatusCode::OK, "OK\n").into_response(),
+        Ok(Some(degraded)) => {
+            (StatusCode::OK, format!("OK (degraded: {degraded})\n")).into_response()
+        }
         Err(reason) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{reason}\n")).into_response(),
     }
 }

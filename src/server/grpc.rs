@@ -58,6 +58,9 @@ where
     }
 }
 
+/// How long an idle connection being closed has to finish closing.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 /// What one connection is doing, for the idle timeout.
 struct Activity {
     started: tokio::time::Instant,
@@ -236,20 +239,25 @@ where
                     let conn = http2.serve_connection(TokioIo::new(tcp), service);
                     let mut conn = std::pin::pin!(conn);
                     let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(50)));
-                    let mut closing = false;
+                    // Once closing, how long the peer has to finish (a
+                    // graceful close waits for the peer's PING ack too,
+                    // which a hostile peer never sends).
+                    let mut closing: Option<tokio::time::Instant> = None;
+                    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
                     loop {
                         tokio::select! {
                             _ = conn.as_mut() => break,
-                            _ = stop.wait_for(|s| *s), if !closing => {
-                                closing = true;
+                            _ = stop.wait_for(|s| *s), if closing.is_none() => {
+                                closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
                                 conn.as_mut().graceful_shutdown();
                             }
-                            _ = tick.tick(), if !closing => {
+                            _ = tick.tick(), if closing.is_none() => {
                                 if activity.idle_for() >= idle {
-                                    closing = true;
+                                    closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
                                     conn.as_mut().graceful_shutdown();
                                 }
                             }
+                            _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
                         }
                     }
                 });

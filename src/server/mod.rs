@@ -148,7 +148,7 @@ pub fn run(
             loop {
                 tick.tick().await;
                 let status = match health_state.check(&health_limiter).await {
-                    Ok(()) => tonic_health::ServingStatus::Serving,
+                    Ok(_) => tonic_health::ServingStatus::Serving,
                     Err(_) => tonic_health::ServingStatus::NotServing,
                 };
                 set_health(&reporter, status).await;

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod reference;
 
-pub use reference::KNOWN_ENV;
+pub use reference::unknown_env;
 
 use crate::algorithm::Algorithm;
 use crate::rules::{FailureMode, LoadOptions};

@@ -130,3 +130,35 @@ fn concurrent_requests_admit_exactly_the_limit() {
     });
     assert_eq!(admitted.into_inner(), 100);
 }
+
+#[test]
+fn a_request_the_full_store_cannot_hold_spends_nothing() {
+    // One shard of three keys; two are taken.
+    let store = MemoryStore::new(MemoryStoreOptions {
+        max_keys: 3,
+        shards: 1,
+    });
+    assert!(admit(&store, "a", 10, 0));
+    assert!(admit(&store, "b", 10, 0));
+    // An existing key and two new ones: room for one new key only.
+    let mut checks = [check("a", 10), check("c", 10), check("d", 10)];
+    assert_eq!(
+        store.decide(&mut checks, 0),
+        Err(StoreError::Full { max_keys: 3 })
+    );
+    assert_eq!(store.len(), 2, "no new key was written");
+    // `a` was not charged for the refused request: 10 - 1 left before, 9 now.
+    let mut probe = [Check::new(
+        key("a"),
+        Algorithm::FixedWindow,
+        check("a", 10).quota,
+        0,
+        true,
+    )];
+    store.decide(&mut probe, 0).expect("decides");
+    assert_eq!(probe[0].outcome.expect("decided").remaining, 9);
+    // The same key twice needs room for one key, which there is.
+    let mut twice = [check("c", 10), check("c", 10)];
+    store.decide(&mut twice, 0).expect("one new key fits");
+    assert_eq!(store.len(), 3);
+}

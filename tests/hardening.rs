@@ -1,0 +1,538 @@
+//! Hostile clients against a real `tollgate serve`: oversized and malformed
+//! requests, connections that never speak, streams that never end, slow
+//! admin clients, metric label floods, and the settings a platform injects.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::envoy::{http, http_with_body};
+use common::redis::RedisServer;
+use common::{Tollgate, ask, descriptor, request};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+const RULES: &str = "domain: gw
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: ip
+    value: 10.0.0.1
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: detail
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Whether the server closes `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// The HTTP/2 client preface and an empty SETTINGS frame.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// A raw gRPC call: one HTTP/2 request with `content_type` and `body` (then,
+/// when `hold` is set, a body that never ends). Returns the HTTP status and
+/// the grpc-status (from headers or trailers).
+async fn raw_call(
+    addr: SocketAddr,
+    content_type: &str,
+    body: Vec<u8>,
+    hold: bool,
+) -> (u16, Option<String>) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let first = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(
+        Bytes::from(body),
+    ))]);
+    let stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> = if hold {
+        Box::pin(futures_util::StreamExt::chain(
+            first,
+            futures_util::stream::pending(),
+        ))
+    } else {
+        Box::pin(first)
+    };
+    let request = http::Request::post(format!("http://{addr}{PATH}"))
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .body(StreamBody::new(stream))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status().as_u16();
+    let from_headers = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    let collected = response.into_body().collect().await.expect("body");
+    let from_trailers = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    (status, from_headers.or(from_trailers))
+}
+
+/// A gRPC frame: uncompressed, with its length.
+fn frame(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+#[tokio::test]
+async fn oversized_requests_are_refused_naming_the_bound() {
+    let server = Tollgate::start(RULES, &["--max-request-bytes", "200000"]);
+    let mut client = server.client().await;
+    let many = RateLimitRequest {
+        domain: "gw".into(),
+        descriptors: (0..5_000)
+            .map(|i| descriptor(&[("user", &i.to_string())]))
+            .collect(),
+        hits_addend: 0,
+    };
+    let started = Instant::now();
+    let refused = client.should_rate_limit(many).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("--max-descriptors"),
+        "{}",
+        refused.message()
+    );
+    // Refused before any work proportional to its size is done (the old
+    // quadratic path took seconds for this).
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let wide: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+    let wide: Vec<(&str, &str)> = wide.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let refused = client
+        .should_rate_limit(request("gw", &[&wide]))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("--max-entries"),
+        "{}",
+        refused.message()
+    );
+
+    let long = "x".repeat(70_000);
+    let refused = client
+        .should_rate_limit(request("gw", &[&[("user", &long)]]))
+        .await
+        .expect_err("refused");
+    assert!(
+        refused.message().contains("--max-value-bytes"),
+        "{}",
+        refused.message()
+    );
+
+    let huge = "x".repeat(300_000);
+    let refused = client
+        .should_rate_limit(request("gw", &[&[("user", &huge)]]))
+        .await
+        .expect_err("refused before decoding");
+    assert_ne!(refused.code(), tonic::Code::Ok);
+    assert!(
+        refused.message().contains("200000"),
+        "{}",
+        refused.message()
+    );
+
+    // The same bounds on /json.
+    let entries: Vec<String> = (0..200)
+        .map(|i| format!(r#"{{"entries":[{{"key":"user","value":"{i}"}}]}}"#))
+        .collect();
+    let body = format!(r#"{{"domain":"gw","descriptors":[{}]}}"#, entries.join(","));
+    let r = http_with_body(server.admin, "POST", "/json", &[], &body).expect("answer");
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("--max-descriptors"), "{}", r.body);
+
+    // And the server still answers ordinary requests.
+    let ok = ask(&mut client, request("gw", &[&[("user", "a")]])).await;
+    assert_eq!(ok.overall_code, Code::Ok as i32);
+}
+
+#[tokio::test]
+async fn malformed_bodies_and_content_types_are_the_clients_error() {
+    let server = Tollgate::start(RULES, &[]);
+    // Field 1 (domain) as a length-delimited string of 100 bytes, cut short.
+    let garbage = frame(&[0x0a, 100, b'g', b'w']);
+    let (status, grpc) = raw_call(server.addr, "application/grpc", garbage, false).await;
+    assert_eq!(status, 200);
+    assert_eq!(grpc.as_deref(), Some("3"), "INVALID_ARGUMENT");
+    let (status, _) = raw_call(server.addr, "application/json", b"{}".to_vec(), false).await;
+    assert_eq!(status, 415, "a non-gRPC content type is refused");
+    // An out-of-range numeric unit on /json is refused, not truncated.
+    let body = r#"{"domain":"gw","descriptors":[{"entries":[{"key":"user","value":"u"}],
+        "limit":{"requestsPerUnit":5,"unit":4294967298}}]}"#;
+    let r = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("unit"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_stream_that_never_ends_is_cut_at_the_request_timeout() {
+    let server = Tollgate::start(RULES, &["--request-timeout", "300ms"]);
+    let message = frame(&[0x0a, 2, b'g', b'w']);
+    // Announce a longer message than is sent, and never end the stream.
+    let mut partial = message.clone();
+    partial[4] += 10;
+    let started = Instant::now();
+    let (_, grpc) = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_call(server.addr, "application/grpc", partial, true),
+    )
+    .await
+    .expect("the server ends the call");
+    assert_eq!(grpc.as_deref(), Some("4"), "DEADLINE_EXCEEDED");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn connections_that_never_speak_or_go_idle_are_closed() {
+    let server = Tollgate::start(
+        RULES,
+        &["--handshake-timeout", "300ms", "--idle-timeout", "500ms"],
+    );
+    let mut silent = TcpStream::connect(server.addr).expect("connect");
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(3)),
+        "no preface: closed"
+    );
+    let mut idle = TcpStream::connect(server.addr).expect("connect");
+    idle.write_all(PREFACE).expect("preface");
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(4)),
+        "idle: closed"
+    );
+    // Envoy's kind of client reconnects and carries on.
+    let mut client = server.client().await;
+    ask(&mut client, request("gw", &[&[("user", "a")]])).await;
+}
+
+#[tokio::test]
+async fn connections_past_the_limit_are_closed_and_room_comes_back() {
+    let server = Tollgate::start(RULES, &["--max-connections", "2", "--workers", "1"]);
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.addr).expect("connect");
+            s.write_all(PREFACE).expect("preface");
+            s
+        })
+        .collect();
+    // Give the server a moment to accept both (it accepts in order).
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = TcpStream::connect(server.addr).expect("the kernel accepts");
+    assert!(
+        closed_within(&mut third, Duration::from_secs(2)),
+        "over the limit: closed"
+    );
+    held.clear();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut client = server.client().await;
+        if client
+            .should_rate_limit(request("gw", &[&[("user", "b")]]))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "room came back once the others closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        server.log_count("connection limit reached"),
+        1,
+        "logged once"
+    );
+}
+
+#[tokio::test]
+async fn slow_admin_clients_are_cut_off_and_bounded() {
+    let server = Tollgate::start(
+        RULES,
+        &["--admin-timeout", "300ms", "--max-admin-connections", "2"],
+    );
+    let mut slow = TcpStream::connect(server.admin).expect("connect");
+    slow.write_all(b"GET /metr").expect("half a request line");
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(3)),
+        "slow headers: closed"
+    );
+    let mut a = TcpStream::connect(server.admin).expect("connect");
+    let mut b = TcpStream::connect(server.admin).expect("connect");
+    std::thread::sleep(Duration::from_millis(100));
+    let mut c = TcpStream::connect(server.admin).expect("connect");
+    assert!(
+        closed_within(&mut c, Duration::from_millis(250)),
+        "over the limit: closed at once"
+    );
+    assert!(closed_within(&mut a, Duration::from_secs(3)));
+    assert!(closed_within(&mut b, Duration::from_secs(3)));
+    assert_eq!(
+        http(server.admin, "GET", "/healthcheck", &[])
+            .expect("answer")
+            .status,
+        200
+    );
+}
+
+fn metrics(server: &Tollgate) -> String {
+    http(server.admin, "GET", "/metrics", &[])
+        .expect("metrics")
+        .body
+}
+
+#[tokio::test]
+async fn metric_label_sets_from_requests_are_capped_and_cut() {
+    let server = Tollgate::start(
+        RULES,
+        &["--max-metric-series", "5", "--max-label-bytes", "16"],
+    );
+    let mut client = server.client().await;
+    for i in 0..20 {
+        let mut r = request("gw", &[&[(format!("random{i}").as_str(), "v")]]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 9,
+            unit: Unit::Hour as i32,
+        });
+        ask(&mut client, r).await;
+    }
+    let long = "y".repeat(1000);
+    ask(&mut client, request("gw", &[&[("detail", &long)]])).await;
+    ask(&mut client, request("gw", &[&[("ip", "10.0.0.1")]])).await;
+    let body = metrics(&server);
+    let series: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .collect();
+    let from_requests = series
+        .iter()
+        .filter(|l| l.contains("random") || l.contains("detail"))
+        .count();
+    assert_eq!(from_requests, 5, "{series:#?}");
+    assert!(
+        series.iter().any(|l| l.contains(r#"overflow="true""#)),
+        "{series:#?}"
+    );
+    assert!(
+        body.contains("tollgate_metric_series_overflow_total 16"),
+        "15 overrides and the detailed one"
+    );
+    assert!(
+        series.iter().all(|l| l.len() < 200),
+        "values are cut: {series:#?}"
+    );
+    // A value with dots stays one label.
+    assert!(
+        series
+            .iter()
+            .any(|l| l.contains(r#"domain="gw",key1="ip_10.0.0.1"}"#)),
+        "{series:#?}"
+    );
+}
+
+#[tokio::test]
+async fn limits_of_zero_and_unlimited_rules_answer_like_the_reference() {
+    let server = Tollgate::start(RULES, &[]);
+    let mut client = server.client().await;
+    let closed = ask(&mut client, request("gw", &[&[("closed", "x")]])).await;
+    assert_eq!(closed.overall_code, Code::OverLimit as i32);
+    assert!(
+        !closed
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key.eq_ignore_ascii_case("retry-after")),
+        "nothing will ever be admitted: no Retry-After"
+    );
+    let free = ask(
+        &mut client,
+        request("gw", &[&[("free", "x")], &[("nomatch", "y")]]),
+    )
+    .await;
+    assert_eq!(free.statuses[0].limit_remaining, u32::MAX, "unlimited");
+    assert_eq!(free.statuses[1].limit_remaining, 0, "no rule");
+}
+
+#[tokio::test]
+async fn a_store_outage_fails_health_only_when_errors_are_the_answer() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--on-store-error",
+            "unavailable",
+        ],
+    );
+    assert_eq!(
+        http(server.admin, "GET", "/healthcheck", &[])
+            .expect("answer")
+            .status,
+        200
+    );
+    redis.kill();
+    let down = http(server.admin, "GET", "/healthcheck", &[]).expect("answer");
+    assert_eq!(down.status, 500, "{}", down.body);
+}
+
+fn start_with_env(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command
+        .arg("serve")
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args(args)
+        .env("TOLLGATE_SHUTDOWN_DELAY", "10ms");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    // Start, then stop: a server that starts prints its address, then exits
+    // on SIGTERM; one that refuses exits at once with a reason.
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let killer = std::thread::spawn(move || {
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    });
+    let out = child.wait_with_output().expect("output");
+    drop(killer);
+    out
+}
+
+#[test]
+fn start_up_tolerates_kubernetes_service_variables_and_refuses_typos_and_zeros() {
+    // What the kubelet injects for a Service named `tollgate` with a port named grpc.
+    let injected = [
+        ("TOLLGATE_SERVICE_HOST", "10.96.0.12"),
+        ("TOLLGATE_SERVICE_PORT", "8081"),
+        ("TOLLGATE_SERVICE_PORT_GRPC", "8081"),
+        ("TOLLGATE_PORT", "tcp://10.96.0.12:8081"),
+        ("TOLLGATE_PORT_8081_TCP", "tcp://10.96.0.12:8081"),
+        ("TOLLGATE_PORT_8081_TCP_PROTO", "tcp"),
+        ("TOLLGATE_PORT_8081_TCP_PORT", "8081"),
+        ("TOLLGATE_PORT_8081_TCP_ADDR", "10.96.0.12"),
+        ("TOLLGATE_REDIS_SERVICE_HOST", "10.96.0.13"),
+        ("TOLLGATE_REDIS_PORT", "tcp://10.96.0.13:6379"),
+    ];
+    let out = start_with_env(&injected, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("gRPC listening"),
+        "started: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = start_with_env(&[("TOLLGATE_MAX_DESCRIPTOR", "10")], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TOLLGATE_MAX_DESCRIPTOR"));
+
+    for flag in [
+        "--max-keys",
+        "--workers",
+        "--redis-breaker",
+        "--max-descriptors",
+    ] {
+        let out = start_with_env(&[], &[flag, "0"]);
+        assert!(!out.status.success(), "{flag} 0 is refused");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(flag),
+            "{flag}"
+        );
+    }
+}
+
+#[test]
+fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
+    use std::sync::Arc;
+    use tollgate::clock::ManualClock;
+    use tollgate::limiter::{Limiter, LimiterOptions};
+    use tollgate::reload::Reloader;
+    use tollgate::rules::{LoadOptions, load_paths};
+    use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+
+    let rules = |keys: &[&str]| {
+        let mut text = String::from("domain: r\ndescriptors:\n");
+        for k in keys {
+            text.push_str(&format!(
+                "  - key: {k}\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+            ));
+        }
+        text
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, rules(&["a", "b"])).expect("write");
+    let loaded = load_paths(std::slice::from_ref(&path), &LoadOptions::default()).expect("rules");
+    let limiter = Arc::new(Limiter::new(
+        loaded,
+        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Arc::new(ManualClock::new(0)),
+        LimiterOptions::default(),
+    ));
+    let reloader = Reloader::new(vec![path.clone()], LoadOptions::default(), limiter.clone());
+    // An editor rewrites the file in place; the first look catches it half
+    // written: valid YAML, with only the first of its three rules.
+    std::fs::write(&path, rules(&["a"])).expect("write");
+    assert!(!reloader.poll(), "a change seen once is not loaded");
+    assert_eq!(limiter.rules().rules().len(), 2, "the rules in force stay");
+    std::fs::write(&path, rules(&["a", "b", "c"])).expect("write");
+    assert!(!reloader.poll(), "changed again since the last look");
+    assert_eq!(limiter.rules().rules().len(), 2);
+    assert!(reloader.poll(), "the same content twice: loaded");
+    assert_eq!(limiter.rules().rules().len(), 3);
+    assert!(!reloader.poll(), "nothing new");
+}
