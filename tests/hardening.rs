@@ -34,6 +34,8 @@ descriptors:
   - key: detail
     detailed_metric: true
     rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: victim
+    rate_limit: {unit: hour, requests_per_unit: 3, failure_mode: deny}
 ";
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -535,4 +537,92 @@ fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
     assert!(reloader.poll(), "the same content twice: loaded");
     assert_eq!(limiter.rules().rules().len(), 3);
     assert!(!reloader.poll(), "nothing new");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(RULES, &["--store", "redis", "--redis-url", &url]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for t in 0..4 {
+        let mut client = server.client().await;
+        let stop = stop.clone();
+        flood.push(tokio::spawn(async move {
+            let mut refused = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let huge = RateLimitRequest {
+                    domain: "gw".into(),
+                    descriptors: (0..2_000)
+                        .map(|i| descriptor(&[("user", &format!("{t}-{i}"))]))
+                        .collect(),
+                    hits_addend: 0,
+                };
+                match client.should_rate_limit(huge).await {
+                    Err(s) if s.code() == tonic::Code::InvalidArgument => refused += 1,
+                    other => panic!("a 2,000-descriptor request was answered: {other:?}"),
+                }
+            }
+            refused
+        }));
+    }
+    let mut client = server.client().await;
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let r = ask(&mut client, request("gw", &[&[("victim", "v")]])).await;
+        admitted += usize::from(r.overall_code == Code::Ok as i32);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flood {
+        assert!(f.await.expect("flood task") > 0);
+    }
+    // A call that times out while this debug build is busy refusing the
+    // flood is refused too (failure_mode deny): never more than the limit.
+    assert!(
+        (1..=3).contains(&admitted),
+        "the limit held through the flood: {admitted}"
+    );
+    let body = metrics(&server);
+    assert!(
+        body.contains("tollgate_store_circuit_open_total 0"),
+        "the circuit never opened"
+    );
+}
+
+#[test]
+fn secrets_stay_out_of_logs_and_reference_variables_never_override_flags() {
+    let redis = RedisServer::start();
+    let url = format!("redis://:hunter2@127.0.0.1:{}", redis.port);
+    let out = start_with_env(&[], &["--store", "redis", "--redis-url", &url]);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("gRPC listening"), "{all}");
+    assert!(all.contains("***"), "the URL is logged redacted: {all}");
+    assert!(!all.contains("hunter2"), "{all}");
+
+    for (var, value, flag) in [
+        ("LOG_FORMAT", "json", ["--log-format", "text"]),
+        ("LOG_LEVEL", "debug", ["--log-level", "warn"]),
+        (
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+            "false",
+            ["--response-headers", "on"],
+        ),
+        ("NEAR_LIMIT_RATIO", "0.5", ["--near-limit-ratio", "0.9"]),
+        (
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+            "1000",
+            ["--over-limit-cache", "off"],
+        ),
+    ] {
+        let out = start_with_env(&[(var, value)], &flag);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var} against {flag:?} is refused");
+        assert!(stderr.contains(var) && stderr.contains(flag[0]), "{stderr}");
+    }
 }

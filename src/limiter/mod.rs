@@ -158,7 +158,7 @@ impl Default for RequestBounds {
             descriptors: 128,
             entries: 32,
             value_bytes: 64 * 1024,
-            request_bytes: 1024 * 1024,
+            request_bytes: 128 * 1024,
         }
     }
 }

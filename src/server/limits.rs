@@ -45,7 +45,7 @@ impl Default for ConnectionLimits {
             keepalive: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
             max_streams: 1024,
-            window_bytes: 1024 * 1024,
+            window_bytes: 128 * 1024,
             admin_connections: Arc::new(Semaphore::new(64)),
             admin_timeout: Duration::from_secs(30),
         }

@@ -103,9 +103,10 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
                 ..MemoryStoreOptions::default()
             })));
         }
-        StoreKind::Redis => RedisTarget::Standalone(args.redis_url.clone()),
+        StoreKind::Redis => RedisTarget::Standalone(args.redis_url.expose().to_owned()),
         StoreKind::RedisCluster => RedisTarget::Cluster(
             args.redis_url
+                .expose()
                 .split(',')
                 .map(|s| s.trim().to_owned())
                 .collect(),

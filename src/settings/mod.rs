@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod reference;
 
-pub use reference::unknown_env;
+pub use reference::{RedisUrl, unknown_env};
 
 use crate::algorithm::Algorithm;
 use crate::rules::{FailureMode, LoadOptions};
@@ -84,7 +84,7 @@ pub struct ServeArgs {
 
     /// Largest request message in bytes (gRPC and /json); larger is refused
     /// before it is decoded.
-    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = 1_048_576, value_parser = at_least_one)]
+    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = 131_072, value_parser = at_least_one)]
     pub max_request_bytes: usize,
 
     /// Most open gRPC connections (all workers); past it new ones are closed at once.
@@ -140,9 +140,10 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "TOLLGATE_REDIS_URL",
-        default_value = "redis://127.0.0.1:6379"
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
     )]
-    pub redis_url: String,
+    pub redis_url: RedisUrl,
 
     /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]

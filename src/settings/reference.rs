@@ -6,12 +6,64 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::{LogFormat, OnOff, ServeArgs, StoreKind};
+use crate::store::redis::redact;
+
+/// Takes a reference variable's value for one of our settings: a value that
+/// contradicts an explicitly set flag stops start-up naming both; otherwise
+/// the variable wins over the default.
+fn adopt<T: PartialEq>(
+    field: &mut T,
+    value: T,
+    explicit: bool,
+    flag: &str,
+    var: &str,
+) -> Result<(), String> {
+    if explicit && *field != value {
+        return Err(format!(
+            "{var} (envoyproxy/ratelimit's setting) contradicts --{flag}; set one of them"
+        ));
+    }
+    *field = value;
+    Ok(())
+}
+
+/// Percent-encodes a URL's user or password part (RFC 3986 unreserved
+/// characters stay), so `@`, `/`, `#` or `:` in a password cannot end it.
+fn userinfo_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A Redis URL for a reference-style `host:port` and `REDIS_AUTH`, which is
+/// `password` or `user:password` (split at the first colon).
+fn reference_redis_url(scheme: &str, node: &str, auth: Option<&str>) -> String {
+    let node = node.trim();
+    let bare = node.split_once("://").map_or(node, |(_, rest)| rest);
+    match auth {
+        None => format!("{scheme}://{bare}"),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => format!(
+                "{scheme}://{}:{}@{bare}",
+                userinfo_escape(user),
+                userinfo_escape(password)
+            ),
+            None => format!("{scheme}://:{}@{bare}", userinfo_escape(auth)),
+        },
+    }
+}
 
 impl ServeArgs {
     /// Applies the reference service's environment variables (so an existing
-    /// Deployment can switch its image), and refuses unknown `TOLLGATE_*`
-    /// variables and contradictions. `explicit(name)` tells whether a flag
-    /// was set on the command line or by its `TOLLGATE_*` variable.
+    /// Deployment can switch its image). `explicit(id)` tells whether a flag
+    /// was set on the command line or by its `TOLLGATE_*` variable; a
+    /// reference variable that contradicts one stops start-up.
     pub fn apply_reference_env(
         &mut self,
         env: &dyn Fn(&str) -> Option<String>,
@@ -25,17 +77,17 @@ impl ServeArgs {
                 Some(other) => Err(format!("{name}={other}: expected true or false")),
             }
         };
-        let conflict = |ours: &str, theirs: &str| {
-            format!(
-                "{theirs} (envoyproxy/ratelimit's setting) contradicts --{ours}; set one of them"
-            )
-        };
+        let on_off = |on: bool| if on { OnOff::On } else { OnOff::Off };
 
         if let Some(addr) = listen_addr(env, "GRPC_HOST", "GRPC_PORT")? {
-            if explicit("grpc_addr") && self.grpc_addr != addr {
-                return Err(conflict("grpc-addr", "GRPC_PORT"));
-            }
-            self.grpc_addr = addr;
+            let explicit = explicit("grpc_addr");
+            adopt(
+                &mut self.grpc_addr,
+                addr,
+                explicit,
+                "grpc-addr",
+                "GRPC_PORT",
+            )?;
         }
         let mut admin = Vec::new();
         for name in ["PORT", "DEBUG_PORT"] {
@@ -46,20 +98,39 @@ impl ServeArgs {
             }
         }
         if !admin.is_empty() {
-            if explicit("admin_addr") {
-                return Err(conflict("admin-addr", "PORT/DEBUG_PORT"));
-            }
-            self.admin_addr = admin;
+            let explicit = explicit("admin_addr");
+            adopt(
+                &mut self.admin_addr,
+                admin,
+                explicit,
+                "admin-addr",
+                "PORT/DEBUG_PORT",
+            )?;
         }
-        if let Some(level) = env("LOG_LEVEL").filter(|_| !explicit("log_level")) {
-            self.log_level = level.to_ascii_lowercase();
+        if let Some(level) = env("LOG_LEVEL") {
+            let explicit = explicit("log_level");
+            adopt(
+                &mut self.log_level,
+                level.to_ascii_lowercase(),
+                explicit,
+                "log-level",
+                "LOG_LEVEL",
+            )?;
         }
         if let Some(format) = env("LOG_FORMAT") {
-            self.log_format = match format.to_ascii_lowercase().as_str() {
+            let format = match format.to_ascii_lowercase().as_str() {
                 "json" => LogFormat::Json,
                 "text" => LogFormat::Text,
                 other => return Err(format!("LOG_FORMAT={other}: expected text or json")),
             };
+            let explicit = explicit("log_format");
+            adopt(
+                &mut self.log_format,
+                format,
+                explicit,
+                "log-format",
+                "LOG_FORMAT",
+            )?;
         }
         match env("BACKEND_TYPE")
             .as_deref()
@@ -88,30 +159,32 @@ impl ServeArgs {
             }
         };
         if let Some(url) = env("REDIS_URL") {
-            if explicit("redis_url") {
-                return Err(conflict("redis-url", "REDIS_URL"));
-            }
             // The reference takes host:port (comma-separated for a cluster).
             let tls = truthy("REDIS_TLS")?.unwrap_or(false);
             let auth = env("REDIS_AUTH").filter(|a| !a.is_empty());
             let scheme = if tls { "rediss" } else { "redis" };
-            self.redis_url = url
+            let url = url
                 .split(',')
-                .map(|node| {
-                    let node = node.trim();
-                    let bare = node.split_once("://").map_or(node, |(_, rest)| rest);
-                    match &auth {
-                        Some(a) => format!("{scheme}://:{a}@{bare}"),
-                        None => format!("{scheme}://{bare}"),
-                    }
-                })
+                .map(|node| reference_redis_url(scheme, node, auth.as_deref()))
                 .collect::<Vec<_>>()
                 .join(",");
+            let explicit_url = explicit("redis_url");
+            adopt(
+                &mut self.redis_url,
+                RedisUrl(url),
+                explicit_url,
+                "redis-url",
+                "REDIS_URL",
+            )?;
             let wanted = redis_type.unwrap_or(StoreKind::Redis);
-            if explicit("store") && self.store != wanted {
-                return Err(conflict("store", "REDIS_URL/REDIS_TYPE"));
-            }
-            self.store = wanted;
+            let explicit = explicit("store");
+            adopt(
+                &mut self.store,
+                wanted,
+                explicit,
+                "store",
+                "REDIS_URL/REDIS_TYPE",
+            )?;
         } else if redis_type.is_some() {
             return Err("REDIS_TYPE is set without REDIS_URL".into());
         }
@@ -122,30 +195,56 @@ impl ServeArgs {
                 .map_err(|_| format!("REDIS_POOL_SIZE={size}: not a number"))?;
         }
         if let Some(on) = truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-            self.response_headers = if on { OnOff::On } else { OnOff::Off };
+            let explicit = explicit("response_headers");
+            adopt(
+                &mut self.response_headers,
+                on_off(on),
+                explicit,
+                "response-headers",
+                "LIMIT_RESPONSE_HEADERS_ENABLED",
+            )?;
         }
         if let Some(on) = truthy("SHADOW_MODE")? {
-            self.shadow_mode |= on;
+            let explicit = explicit("shadow_mode");
+            adopt(
+                &mut self.shadow_mode,
+                on,
+                explicit,
+                "shadow-mode",
+                "SHADOW_MODE",
+            )?;
         }
         if let Some(ratio) = env("NEAR_LIMIT_RATIO") {
-            self.near_limit_ratio = ratio
+            let ratio: f64 = ratio
                 .parse()
                 .map_err(|_| format!("NEAR_LIMIT_RATIO={ratio}: not a number"))?;
+            let explicit = explicit("near_limit_ratio");
+            adopt(
+                &mut self.near_limit_ratio,
+                ratio,
+                explicit,
+                "near-limit-ratio",
+                "NEAR_LIMIT_RATIO",
+            )?;
         }
         if let Some(bytes) = env("LOCAL_CACHE_SIZE_IN_BYTES") {
             let bytes: u64 = bytes
                 .parse()
                 .map_err(|_| format!("LOCAL_CACHE_SIZE_IN_BYTES={bytes}: not a number"))?;
-            if bytes > 0 {
-                self.over_limit_cache = OnOff::On;
-            }
+            let explicit = explicit("over_limit_cache");
+            adopt(
+                &mut self.over_limit_cache,
+                on_off(bytes > 0),
+                explicit,
+                "over-limit-cache",
+                "LOCAL_CACHE_SIZE_IN_BYTES",
+            )?;
         }
         if let Some(root) = env("RUNTIME_ROOT") {
-            if explicit("rules") {
-                return Err(conflict("rules", "RUNTIME_ROOT"));
-            }
             let sub = env("RUNTIME_SUBDIRECTORY").unwrap_or_default();
-            self.rules = vec![PathBuf::from(root).join(sub).join("config")];
+            let rules = vec![PathBuf::from(root).join(sub).join("config")];
+            let explicit = explicit("rules");
+            adopt(&mut self.rules, rules, explicit, "rules", "RUNTIME_ROOT")?;
         }
         if truthy("RUNTIME_WATCH_ROOT")? == Some(false)
             || truthy("RUNTIME_IGNOREDOTFILES")? == Some(false)
@@ -162,6 +261,38 @@ impl ServeArgs {
             ));
         }
         Ok(())
+    }
+}
+
+/// A Redis URL, or a comma-separated list of them: it may hold a password,
+/// so `Debug` and `Display` print it redacted; [`RedisUrl::expose`] gives
+/// the real text to the one place that connects.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(pub String);
+
+impl RedisUrl {
+    /// The URL with its password, for connecting only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for RedisUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", redact(&self.0))
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact(&self.0))
     }
 }
 
@@ -238,6 +369,34 @@ fn injected_by_kubernetes(name: &str, value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        let url = RedisUrl("redis://ann:s3cr%40t@h:6379/0,rediss://:pw@h2:1".into());
+        for shown in [format!("{url}"), format!("{url:?}")] {
+            assert!(!shown.contains("s3cr") && !shown.contains("pw@"), "{shown}");
+            assert!(shown.contains("redis://ann:***@h:6379/0"), "{shown}");
+            assert!(shown.contains("rediss://***@h2:1"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn every_form_of_redis_auth_reaches_redis_intact() {
+        for (auth, user, password) in [
+            ("secret", None, "secret"),
+            ("ann:secret", Some("ann"), "secret"),
+            ("ann:p:a@s/s#w%rd", Some("ann"), "p:a@s/s#w%rd"),
+            ("p@ss/w#rd", None, "p@ss/w#rd"),
+        ] {
+            let url = reference_redis_url("redis", "10.0.0.1:6379", Some(auth));
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .unwrap_or_else(|e| panic!("{auth}: {e}"));
+            let settings = info.redis_settings();
+            assert_eq!(settings.username(), user, "{auth}");
+            assert_eq!(settings.password(), Some(password), "{auth}");
+            assert!(!redact(&url).contains(password), "{auth}");
+        }
+    }
 
     #[test]
     fn every_flag_variable_is_known_and_typos_are_not() {

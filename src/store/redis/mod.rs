@@ -51,13 +51,54 @@ fn batch_script() -> Script {
     Script::new(&format!("{ALGORITHMS}{}", include_str!("batch.lua")))
 }
 
-/// Which Redis deployment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Every password in a comma-separated list of URLs replaced by `***`
+/// (`redis://user:***@host`, `redis://***@host`).
+pub fn redact(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let Some((scheme, rest)) = url.split_once("://") else {
+                return url.to_owned();
+            };
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                None => url.to_owned(),
+                Some((userinfo, host)) => {
+                    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+                    let shown = if user.is_empty() {
+                        "***".to_owned()
+                    } else {
+                        format!("{user}:***")
+                    };
+                    format!("{scheme}://{shown}@{host}{path}")
+                }
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Which Redis deployment. `Debug` redacts passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One Redis server (`redis://` or `rediss://` URL).
     Standalone(String),
     /// Redis Cluster seed nodes.
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Standalone(url) => {
+                f.debug_tuple("Standalone").field(&redact(url)).finish()
+            }
+            RedisTarget::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&redact(&nodes.join(",")))
+                .finish(),
+        }
+    }
 }
 
 /// How the Redis store behaves.
@@ -143,6 +184,8 @@ struct Inner {
     refund: Script,
     failures: AtomicU32,
     open: AtomicBool,
+    /// A PING is checking whether failing calls mean Redis is down.
+    confirming: AtomicBool,
     /// Bumped after an outage so that threads drop their old connections.
     generation: AtomicUsize,
     over_limit: Option<OverLimitCache>,
@@ -205,6 +248,7 @@ impl RedisStore {
                 refund: Script::new(include_str!("refund.lua")),
                 failures: AtomicU32::new(0),
                 open: AtomicBool::new(false),
+                confirming: AtomicBool::new(false),
                 generation: AtomicUsize::new(0),
             }),
         })
@@ -314,19 +358,35 @@ impl RedisStore {
         }
     }
 
+    /// Counts a transient failure. At the threshold, Redis is asked a fresh
+    /// PING before the circuit opens: calls can time out while Redis is up
+    /// (a burst of heavy requests from one client, say), and opening the
+    /// circuit then would hand everyone the failure modes. Only a Redis that
+    /// also fails the PING is treated as down.
     fn failed(&self, error: &StoreError) {
         let failures = self.inner.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures < self.inner.options.breaker_threshold
-            || self.inner.open.swap(true, Ordering::AcqRel)
+            || self.inner.open.load(Ordering::Acquire)
+            || self.inner.confirming.swap(true, Ordering::AcqRel)
         {
             return;
         }
-        tracing::error!(
-            %error, failures,
-            "Redis unavailable: answering from failure modes without waiting until it is back"
-        );
         let store = self.clone();
+        let error = error.clone();
         tokio::spawn(async move {
+            let answers = store.probe().await.is_ok();
+            store.inner.failures.store(0, Ordering::Relaxed);
+            if answers {
+                store.inner.confirming.store(false, Ordering::Release);
+                tracing::debug!(%error, "Redis calls failed but Redis answers PING; the circuit stays closed");
+                return;
+            }
+            store.inner.open.store(true, Ordering::Release);
+            store.inner.confirming.store(false, Ordering::Release);
+            tracing::error!(
+                %error,
+                "Redis unavailable: answering from failure modes without waiting until it is back"
+            );
             let mut attempts = 0u64;
             loop {
                 tokio::time::sleep(store.inner.options.probe_interval).await;
@@ -522,5 +582,5 @@ fn redis_error(e: &RedisError) -> StoreError {
 }
 
 fn config_error(target: &str, e: &RedisError) -> StoreError {
-    StoreError::Config(format!("invalid Redis address '{target}': {e}"))
+    StoreError::Config(format!("invalid Redis address '{}': {e}", redact(target)))
 }

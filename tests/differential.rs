@@ -1,0 +1,194 @@
+//! The memory store and the Redis scripts decide alike: random sequences of
+//! requests (descriptors, hits from 0 to u64::MAX, limits from 0 to
+//! u32::MAX over every unit, all three algorithms, limits sent in the
+//! request, clock jumps from a microsecond to a year) go through two
+//! limiters on one manual clock, one on the memory store and one on a real
+//! Redis, and every answer must match: codes, remaining counts and reset
+//! times.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::redis::RedisServer;
+use proptest::prelude::*;
+use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC, Nanos};
+use tollgate::limiter::{Descriptor, LimitOverride, Limiter, LimiterOptions, Request};
+use tollgate::rules::{LoadOptions, Unit, load_sources};
+use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+
+const RULES: &str = "domain: d
+descriptors:
+  - key: fw1
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: fixed_window}
+  - key: fw2
+    rate_limit: {unit: day, requests_per_unit: 1000000, algorithm: fixed_window}
+  - key: sw1
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_window}
+  - key: sw2
+    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: sliding_window}
+  - key: sw3
+    rate_limit: {unit: year, requests_per_unit: 4000000000, algorithm: sliding_window}
+  - key: sw4
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window}
+  - key: tb1
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: token_bucket, burst: 5}
+  - key: tb2
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket, burst: 1000}
+  - key: tb3
+    rate_limit: {unit: year, requests_per_unit: 4000000000, algorithm: token_bucket, burst: 4000000000}
+  - key: tb4
+    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: token_bucket, burst: 1}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0, algorithm: fixed_window}
+";
+
+const KEYS: [&str; 11] = [
+    "fw1", "fw2", "sw1", "sw2", "sw3", "sw4", "tb1", "tb2", "tb3", "tb4", "zero",
+];
+
+struct Shared {
+    redis: RedisServer,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// One Redis and one runtime for every case (the store keeps a connection
+/// per thread, on the runtime that made it).
+static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(|| {
+    Mutex::new(Shared {
+        redis: RedisServer::start(),
+        runtime: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime"),
+    })
+});
+
+#[derive(Debug, Clone)]
+struct Op {
+    /// Microseconds to move the clock first.
+    gap_us: u64,
+    descriptors: Vec<(usize, u8, u64, Option<(u32, usize)>)>,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let gap = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(999),
+        Just(1_000),
+        0u64..2_000_000,
+        Just(59_999_999),
+        Just(3_600_000_000),
+        Just(86_400_000_000),
+        Just(31_536_000_000_000),
+    ];
+    let hits = prop_oneof![
+        3 => 0u64..4,
+        1 => Just(7u64),
+        1 => Just(1_000u64),
+        1 => Just(1u64 << 32),
+        1 => Just(1u64 << 53),
+        1 => Just(u64::MAX),
+        1 => any::<u64>(),
+    ];
+    let limit_override = prop_oneof![
+        4 => Just(None),
+        1 => (
+            prop_oneof![Just(0u32), Just(1), Just(5), Just(1000), Just(u32::MAX), any::<u32>()],
+            0usize..7
+        )
+            .prop_map(Some),
+    ];
+    let descriptor = (0..KEYS.len(), 0u8..2, hits, limit_override);
+    (gap, prop::collection::vec(descriptor, 1..4)).prop_map(|(gap_us, descriptors)| Op {
+        gap_us,
+        descriptors,
+    })
+}
+
+fn limiter(store: Store, clock: &ManualClock) -> Limiter {
+    let rules = load_sources(
+        &[(PathBuf::from("d.yaml"), RULES.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let options = LimiterOptions {
+        // A Redis error is a failed test, not a failure mode.
+        unavailable_on_store_error: true,
+        ..LimiterOptions::default()
+    };
+    Limiter::new(rules, store, Arc::new(clock.clone()), options)
+}
+
+fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+    let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let url = shared.redis.url();
+    let mut admin = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("admin connection");
+    redis::cmd("FLUSHALL")
+        .query::<()>(&mut admin)
+        .expect("FLUSHALL");
+    // A whole hour from now: Redis expiries (from this clock) are ahead of
+    // Redis's own time.
+    let hour = 3600 * NANOS_PER_SEC;
+    let real = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as Nanos;
+    let clock = ManualClock::new((real / hour + 1) * hour);
+    let memory = limiter(
+        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        &clock,
+    );
+    let mut options = RedisOptions::new(RedisTarget::Standalone(url));
+    options.timeout = Duration::from_secs(2);
+    let redis = limiter(
+        Store::Redis(RedisStore::new(options).expect("store")),
+        &clock,
+    );
+    let values = ["a", "b|x=y"];
+    for (step, op) in ops.iter().enumerate() {
+        clock.set(clock.now() + op.gap_us * 1_000);
+        let request = Request {
+            domain: "d",
+            descriptors: op
+                .descriptors
+                .iter()
+                .map(|&(key, value, hits, limit)| Descriptor {
+                    entries: [(KEYS[key], values[usize::from(value)])]
+                        .into_iter()
+                        .collect(),
+                    hits_addend: Some(hits),
+                    limit_override: limit.map(|(rpu, unit)| LimitOverride {
+                        requests_per_unit: rpu,
+                        unit: Unit::ALL[unit],
+                    }),
+                })
+                .collect(),
+            hits_addend: 0,
+        };
+        let (m, r) = shared.runtime.block_on(async {
+            (
+                memory.should_rate_limit(&request).await,
+                redis.should_rate_limit(&request).await,
+            )
+        });
+        let (m, r) = (m.expect("memory decides"), r.expect("Redis decides"));
+        prop_assert_eq!(&m, &r, "step {}: {:?}", step, op);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_and_redis_decide_alike(ops in prop::collection::vec(op(), 1..60)) {
+        run(&ops)?;
+    }
+}
