@@ -67,11 +67,15 @@ static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(|| {
     })
 });
 
+/// One descriptor: rule key index, value index, hits, and a limit sent in
+/// the request (requests per unit, unit index).
+type Asked = (usize, u8, u64, Option<(u32, usize)>);
+
 #[derive(Debug, Clone)]
 struct Op {
     /// Microseconds to move the clock first.
     gap_us: u64,
-    descriptors: Vec<(usize, u8, u64, Option<(u32, usize)>)>,
+    descriptors: Vec<Asked>,
 }
 
 fn op() -> impl Strategy<Value = Op> {
