@@ -86,7 +86,7 @@ fn unit(v: Option<&Value>, at: &str) -> Result<i32, String> {
 }
 
 /// Parses a RateLimitRequest from JSON.
-pub(super) fn request_from_json(body: &[u8]) -> Result<RateLimitRequest, String> {
+pub fn request_from_json(body: &[u8]) -> Result<RateLimitRequest, String> {
     let value: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
     let obj = object(&value, "request")?;
     let f = fields(

@@ -4,6 +4,8 @@
 
 mod json;
 
+pub use json::request_from_json;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 

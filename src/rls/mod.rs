@@ -93,7 +93,7 @@ fn unit_to_proto(unit: Unit) -> PbUnit {
 }
 
 /// Borrows the wire request as a domain request.
-pub(crate) fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
+pub fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
     let mut descriptors = smallvec::SmallVec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         let limit_override = match &d.limit {
