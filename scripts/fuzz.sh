@@ -28,7 +28,7 @@ for target in "${targets[@]}"; do
     if cargo fuzz run -O "$target" "corpus/$target" -- \
         -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
         -print_final_stats=1 >"$log" 2>&1; then
-        grep -E "^#[0-9]+ *DONE" "$log" | tail -n 1 || true
+        grep -E "DONE" "$log" | tail -n 1 || true
     else
         failed=1
         echo "fuzz: $target found a crash:" >&2

@@ -348,27 +348,7 @@ async fn sigterm_lets_calls_in_flight_finish() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_and_a_password_through_a_rediss_url() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args([
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(dir.path().join("key.pem"))
-        .arg("-out")
-        .arg(dir.path().join("cert.pem"))
-        .output()
-        .expect("openssl is needed by this test (Debian: apt-get install openssl)");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let pki = common::tls::Pki::new(dir.path());
     let port = common::redis::free_port();
     let mut redis = std::process::Command::new("redis-server")
         .args([
@@ -388,24 +368,28 @@ async fn tls_and_a_password_through_a_rediss_url() {
             "",
         ])
         .arg("--tls-cert-file")
-        .arg(dir.path().join("cert.pem"))
+        .arg(pki.pem("server"))
         .arg("--tls-key-file")
-        .arg(dir.path().join("key.pem"))
+        .arg(pki.key("server"))
         .arg("--tls-ca-cert-file")
-        .arg(dir.path().join("cert.pem"))
+        .arg(pki.pem("ca"))
         .arg("--dir")
         .arg(dir.path())
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("redis-server with TLS");
-    // The certificate is self-signed: `#insecure` skips verification (test only).
-    let url = format!("rediss://:s3cret@127.0.0.1:{port}/#insecure");
+    // Redis's certificate is from a private CA, given with --redis-tls-ca;
+    // the password has characters that must be escaped in a URL.
+    let url = format!("rediss://:s3cret@127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "TLS Redis did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let server = Tollgate::start(RULES, &redis_args(&url, "2s"));
+    let ca = pki.path("ca");
+    let mut args = redis_args(&url, "2s");
+    args.extend(["--redis-tls-ca", ca.as_str()]);
+    let server = Tollgate::start(RULES, &args);
     let mut client = server.client().await;
     let mut codes = Vec::new();
     for _ in 0..2 {
@@ -428,4 +412,30 @@ async fn tls_and_a_password_through_a_rediss_url() {
     );
     let _ = redis.kill();
     let _ = redis.wait();
+}
+
+#[test]
+fn a_build_without_insecure_tls_refuses_insecure_urls() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--store",
+            "redis",
+            "--redis-url",
+            "rediss://127.0.0.1:1/#insecure",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("#insecure") && stderr.contains("--redis-tls-ca"),
+        "{stderr}"
+    );
 }

@@ -2,6 +2,7 @@
 //! long each may stay open (slow headers, a body that never ends, a reader
 //! that never reads), so a slow client cannot lock out health checks.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -10,12 +11,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
+use super::tls::Tls;
 
 /// Serves `router` on `listener` until `stop` turns true.
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: ConnectionLimits,
+    tls: Option<Arc<Tls>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut http1 = hyper::server::conn::http1::Builder::new();
@@ -46,13 +49,27 @@ pub(super) async fn serve(
                 };
                 full.room();
                 let service = TowerToHyperService::new(router.clone());
-                let conn = http1.serve_connection(TokioIo::new(tcp), service);
                 let lifetime = limits.admin_timeout;
+                let acceptor = tls.as_ref().map(|t| t.admin_acceptor());
+                let http1 = http1.clone();
                 connections.spawn(async move {
                     let _permit = permit;
-                    // Past its lifetime the connection is simply dropped:
-                    // whatever it was waiting for, it has had its time.
-                    let _ = tokio::time::timeout(lifetime, conn).await;
+                    // Past its lifetime (TLS handshake included) the
+                    // connection is simply dropped: whatever it was waiting
+                    // for, it has had its time.
+                    let _ = tokio::time::timeout(lifetime, async move {
+                        match acceptor {
+                            None => {
+                                let _ = http1.serve_connection(TokioIo::new(tcp), service).await;
+                            }
+                            Some(acceptor) => {
+                                if let Ok(stream) = acceptor.accept(tcp).await {
+                                    let _ = http1.serve_connection(TokioIo::new(stream), service).await;
+                                }
+                            }
+                        }
+                    })
+                    .await;
                 });
             }
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use tower_service::Service;
 
 use super::DRAIN_TIMEOUT;
 use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
+use super::tls::Tls;
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxReply = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
@@ -67,6 +68,8 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds after `started` when the last call ended.
     last: AtomicU64,
+    /// Whether any call has started.
+    called: AtomicBool,
 }
 
 impl Activity {
@@ -75,7 +78,12 @@ impl Activity {
             started: tokio::time::Instant::now(),
             in_flight: AtomicUsize::new(0),
             last: AtomicU64::new(0),
+            called: AtomicBool::new(false),
         }
+    }
+
+    fn called(&self) -> bool {
+        self.called.load(Ordering::Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
@@ -127,6 +135,7 @@ where
 
     fn call(&mut self, request: http::Request<Incoming>) -> BoxReply {
         self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.activity.called.store(true, Ordering::Relaxed);
         let guard = CallGuard(self.activity.clone());
         let call = self.inner.call(request);
         let timeout = self.request_timeout;
@@ -171,6 +180,7 @@ pub(super) async fn serve<S>(
     listener: tokio::net::TcpListener,
     service: S,
     limits: ConnectionLimits,
+    tls: Option<Arc<Tls>>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()>
 where
@@ -228,36 +238,30 @@ where
                     activity: activity.clone(),
                     request_timeout: limits.request_timeout,
                 });
-                let mut stop = stop_for_connections.clone();
+                let stop = stop_for_connections.clone();
                 let http2 = http2.clone();
-                let (handshake, idle) = (limits.handshake_timeout, limits.idle_timeout);
+                let handshake = limits.handshake_timeout;
+                let idle = limits.idle_timeout;
+                let acceptor = tls.as_ref().map(|t| t.grpc_acceptor());
                 connections.spawn(async move {
                     let _permit = permit;
-                    if !preface(&tcp, handshake).await {
-                        return;
-                    }
-                    let conn = http2.serve_connection(TokioIo::new(tcp), service);
-                    let mut conn = std::pin::pin!(conn);
-                    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(50)));
-                    // Once closing, how long the peer has to finish (a
-                    // graceful close waits for the peer's PING ack too,
-                    // which a hostile peer never sends).
-                    let mut closing: Option<tokio::time::Instant> = None;
-                    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-                    loop {
-                        tokio::select! {
-                            _ = conn.as_mut() => break,
-                            _ = stop.wait_for(|s| *s), if closing.is_none() => {
-                                closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
-                                conn.as_mut().graceful_shutdown();
+                    match acceptor {
+                        None => {
+                            if preface(&tcp, handshake).await {
+                                let io = TokioIo::new(tcp);
+                                drive(http2.serve_connection(io, service), &activity, idle, None, stop).await;
                             }
-                            _ = tick.tick(), if closing.is_none() => {
-                                if activity.idle_for() >= idle {
-                                    closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
-                                    conn.as_mut().graceful_shutdown();
-                                }
+                        }
+                        Some(acceptor) => {
+                            // The handshake timeout covers the TLS handshake,
+                            // and the first call must follow within it too
+                            // (the preface cannot be peeked through TLS).
+                            let started = tokio::time::Instant::now();
+                            if let Ok(Ok(stream)) = tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                                let io = TokioIo::new(stream);
+                                let first_call_by = Some(started + handshake);
+                                drive(http2.serve_connection(io, service), &activity, idle, first_call_by, stop).await;
                             }
-                            _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
                         }
                     }
                 });
@@ -273,4 +277,64 @@ where
     })
     .await;
     Ok(())
+}
+
+/// Serves one connection until it ends: closes it gracefully when `stop`
+/// turns true, when no call has been in flight for `idle`, or when no call
+/// started by `first_call_by`; a peer that does not finish closing within
+/// the grace is dropped.
+async fn drive<C>(
+    conn: C,
+    activity: &Activity,
+    idle: Duration,
+    first_call_by: Option<tokio::time::Instant>,
+    mut stop: watch::Receiver<bool>,
+) where
+    C: Future + GracefulConnection,
+{
+    let mut conn = std::pin::pin!(conn);
+    let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(50)));
+    // Once closing, how long the peer has to finish (a graceful close waits
+    // for the peer's PING ack too, which a hostile peer never sends).
+    let mut closing: Option<tokio::time::Instant> = None;
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let first_call_by = first_call_by.unwrap_or(far);
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            _ = stop.wait_for(|s| *s), if closing.is_none() => {
+                closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                conn.as_mut().shut_down();
+            }
+            _ = tick.tick(), if closing.is_none() => {
+                if activity.idle_for() >= idle {
+                    closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+                    conn.as_mut().shut_down();
+                }
+            }
+            _ = tokio::time::sleep_until(first_call_by), if closing.is_none() && !activity.called() => {
+                closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+                conn.as_mut().shut_down();
+            }
+            _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
+        }
+    }
+}
+
+/// hyper's HTTP/2 connection, whatever its transport.
+trait GracefulConnection {
+    fn shut_down(self: Pin<&mut Self>);
+}
+
+impl<I, S, E> GracefulConnection for hyper::server::conn::http2::Connection<I, S, E>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<Incoming>,
+    S::ResBody: 'static,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shut_down(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
 }

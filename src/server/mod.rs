@@ -17,6 +17,7 @@ mod admin;
 mod grpc;
 mod limits;
 mod start;
+mod tls;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
@@ -27,6 +28,10 @@ use crate::reload::Reloader;
 use crate::rls::RlsService;
 pub use limits::ConnectionLimits;
 pub use start::start;
+pub use tls::{Tls, TlsFiles};
+
+/// How often the TLS files are checked for a renewed certificate.
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for in-flight calls and open connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,6 +69,8 @@ pub struct Serve {
     pub shutdown_delay: Duration,
     /// Bounds on connections and calls.
     pub limits: ConnectionLimits,
+    /// TLS for gRPC and admin HTTP (`None`: plaintext).
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// Serves until `shutdown` completes; then reports unhealthy for
@@ -80,6 +87,7 @@ pub fn run(
         reloader,
         shutdown_delay,
         limits,
+        tls,
     } = serve;
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -92,6 +100,7 @@ pub fn run(
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
         let limits = limits.clone();
+        let tls = tls.clone();
         let health_service = health_service.clone();
         let stop = stop_rx.clone();
         let thread = std::thread::Builder::new()
@@ -106,7 +115,7 @@ pub fn run(
                         rls: service,
                         health: health_service,
                     };
-                    grpc::serve(listener, dispatch, limits, stop).await
+                    grpc::serve(listener, dispatch, limits, tls, stop).await
                 })
             })?;
         workers.push(thread);
@@ -121,6 +130,7 @@ pub fn run(
                 listener,
                 router,
                 limits.clone(),
+                tls.clone(),
                 stop_rx.clone(),
             )));
         }
@@ -141,6 +151,18 @@ pub fn run(
                 .await;
             }
         }));
+        // Renewed certificates are picked up for new connections.
+        if let Some(tls) = tls.clone() {
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(TLS_RELOAD_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let tls = tls.clone();
+                    let _ = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await;
+                }
+            }));
+        }
         // gRPC health says what /healthcheck says.
         let (health_limiter, health_state, reporter) = (limiter.clone(), health.clone(), grpc_health.clone());
         tasks.push(tokio::spawn(async move {

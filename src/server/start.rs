@@ -49,6 +49,24 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         max_label_bytes: args.max_label_bytes,
     };
     let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = super::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+            };
+            let tls = super::Tls::load(files)
+                .map_err(|e| format!("TLS not loaded: {e}; not starting"))?;
+            tracing::info!(
+                cert = %cert.display(),
+                client_certificates = args.tls_client_ca.is_some(),
+                "serving gRPC and admin HTTP over TLS"
+            );
+            Some(Arc::new(tls))
+        }
+        _ => None,
+    };
     let workers = args
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -88,6 +106,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             admin_connections: Arc::new(tokio::sync::Semaphore::new(args.max_admin_connections)),
             admin_timeout: args.admin_timeout,
         },
+        tls,
     };
     super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
 }
@@ -117,6 +136,11 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
     options.prefix = args.redis_prefix.clone();
     options.breaker_threshold = args.redis_breaker;
     options.over_limit_cache = args.over_limit_cache == OnOff::On;
+    if let Some(path) = &args.redis_tls_ca {
+        let ca = std::fs::read(path)
+            .map_err(|e| StoreError::Config(format!("--redis-tls-ca {}: {e}", path.display())))?;
+        options.tls_ca = Some(ca);
+    }
     let store = RedisStore::new(options)?;
     // Redis being down at start is an outage like any other: start, answer
     // from the failure modes, and say so.

@@ -122,6 +122,19 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_ADMIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub admin_timeout: Duration,
 
+    /// PEM certificate chain for TLS on the gRPC and admin listeners (with --tls-key).
+    #[arg(long, env = "TOLLGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: clients must present a certificate signed by one
+    /// (mutual TLS), on gRPC and admin alike. Needs --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Most metric label sets made from request keys or values (limits sent
     /// in requests, `detailed_metric`); past it hits count in one overflow series.
     #[arg(long, env = "TOLLGATE_MAX_METRIC_SERIES", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -144,6 +157,11 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub redis_url: RedisUrl,
+
+    /// PEM CA certificates to trust for `rediss://` (a private CA) instead
+    /// of the system's.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<PathBuf>,
 
     /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]

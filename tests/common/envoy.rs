@@ -51,8 +51,21 @@ impl Envoy {
     /// Starts Envoy on `config` (a file in envoy/), replacing each
     /// `port_value: FROM` with `port_value: TO`; `admin_port` is the new admin port.
     pub fn start(config: &str, ports: &[(u16, u16)], admin_port: u16) -> Self {
+        Self::start_replacing(config, ports, &[], admin_port)
+    }
+
+    /// As [`Envoy::start`], also replacing each `(from, to)` text.
+    pub fn start_replacing(
+        config: &str,
+        ports: &[(u16, u16)],
+        texts: &[(&str, &str)],
+        admin_port: u16,
+    ) -> Self {
         let text = std::fs::read_to_string(config_path(config)).expect("envoy config");
         let mut text = text;
+        for (from, to) in texts {
+            text = text.replace(from, to);
+        }
         for (from, to) in ports {
             text = text.replace(
                 &format!("port_value: {from} "),

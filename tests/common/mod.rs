@@ -153,3 +153,4 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 }
 pub mod envoy;
 pub mod redis;
+pub mod tls;

@@ -116,6 +116,8 @@ pub struct RedisOptions {
     pub probe_interval: Duration,
     /// Cache keys known to be over their limit until they reset.
     pub over_limit_cache: bool,
+    /// PEM CA certificates to trust for `rediss://` instead of the system's.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl RedisOptions {
@@ -128,6 +130,7 @@ impl RedisOptions {
             breaker_threshold: 5,
             probe_interval: Duration::from_millis(250),
             over_limit_cache: false,
+            tls_ca: None,
         }
     }
 }
@@ -229,6 +232,17 @@ impl RedisStore {
                 options.prefix
             )));
         }
+        let urls = match &options.target {
+            RedisTarget::Standalone(url) => vec![url.as_str()],
+            RedisTarget::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+        };
+        if cfg!(not(feature = "insecure-redis-tls"))
+            && urls.iter().any(|u| u.ends_with("#insecure"))
+        {
+            return Err(StoreError::Config(
+                "this build does not skip Redis certificate checks (#insecure): give Redis's CA with --redis-tls-ca (or build with --features insecure-redis-tls)".into(),
+            ));
+        }
         // Validate the target now, so a bad URL stops start-up.
         match &options.target {
             RedisTarget::Standalone(url) => {
@@ -263,7 +277,10 @@ impl RedisStore {
         let timeout = self.inner.options.timeout;
         match &self.inner.options.target {
             RedisTarget::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = match self.tls_certificates() {
+                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)?,
+                    None => redis::Client::open(url.as_str())?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
@@ -273,14 +290,29 @@ impl RedisStore {
                 ))
             }
             RedisTarget::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(1)
-                    .build()?;
+                    .retries(1);
+                if let Some(certs) = self.tls_certificates() {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build()?;
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             }
         }
+    }
+
+    /// The CA to trust for `rediss://`, when one was given.
+    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
+        self.inner
+            .options
+            .tls_ca
+            .as_ref()
+            .map(|ca| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            })
     }
 
     /// This thread's connection, made on first use.
