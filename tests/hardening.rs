@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::envoy::{http, http_with_body};
 use common::redis::RedisServer;
-use common::{Tollgate, ask, descriptor, request};
+use common::{Tollgate, ask, descriptor, request, run_briefly};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -423,38 +423,6 @@ async fn a_store_outage_fails_health_only_when_errors_are_the_answer() {
     assert_eq!(down.status, 500, "{}", down.body);
 }
 
-fn start_with_env(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    command
-        .arg("serve")
-        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-        .args(args)
-        .env("TOLLGATE_SHUTDOWN_DELAY", "10ms");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    // Start, then stop: a server that starts prints its address, then exits
-    // on SIGTERM; one that refuses exits at once with a reason.
-    let child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let killer = std::thread::spawn(move || {
-        while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(300));
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
-        }
-    });
-    let out = child.wait_with_output().expect("output");
-    drop(killer);
-    out
-}
-
 #[test]
 fn start_up_tolerates_kubernetes_service_variables_and_refuses_typos_and_zeros() {
     // What the kubelet injects for a Service named `tollgate` with a port named grpc.
@@ -470,17 +438,16 @@ fn start_up_tolerates_kubernetes_service_variables_and_refuses_typos_and_zeros()
         ("TOLLGATE_REDIS_SERVICE_HOST", "10.96.0.13"),
         ("TOLLGATE_REDIS_PORT", "tcp://10.96.0.13:6379"),
     ];
-    let out = start_with_env(&injected, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("gRPC listening"),
-        "started: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_briefly(&[], &injected);
+    assert!(out.started, "started: {} {}", out.stdout, out.stderr);
 
-    let out = start_with_env(&[("TOLLGATE_MAX_DESCRIPTOR", "10")], &[]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("TOLLGATE_MAX_DESCRIPTOR"));
+    let out = run_briefly(&[], &[("TOLLGATE_MAX_DESCRIPTOR", "10")]);
+    assert!(!out.started && !out.success);
+    assert!(
+        out.stderr.contains("TOLLGATE_MAX_DESCRIPTOR"),
+        "{}",
+        out.stderr
+    );
 
     for flag in [
         "--max-keys",
@@ -488,12 +455,9 @@ fn start_up_tolerates_kubernetes_service_variables_and_refuses_typos_and_zeros()
         "--redis-breaker",
         "--max-descriptors",
     ] {
-        let out = start_with_env(&[], &[flag, "0"]);
-        assert!(!out.status.success(), "{flag} 0 is refused");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains(flag),
-            "{flag}"
-        );
+        let out = run_briefly(&[flag, "0"], &[]);
+        assert!(!out.started && !out.success, "{flag} 0 is refused");
+        assert!(out.stderr.contains(flag), "{flag}: {}", out.stderr);
     }
 }
 
@@ -595,12 +559,8 @@ async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
 fn secrets_stay_out_of_logs_and_reference_variables_never_override_flags() {
     let redis = RedisServer::start();
     let url = format!("redis://:hunter2@127.0.0.1:{}", redis.port);
-    let out = start_with_env(&[], &["--store", "redis", "--redis-url", &url]);
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_briefly(&["--store", "redis", "--redis-url", &url], &[]);
+    let all = format!("{}{}", out.stdout, out.stderr);
     assert!(all.contains("gRPC listening"), "{all}");
     assert!(all.contains("***"), "the URL is logged redacted: {all}");
     assert!(!all.contains("hunter2"), "{all}");
@@ -620,9 +580,15 @@ fn secrets_stay_out_of_logs_and_reference_variables_never_override_flags() {
             ["--over-limit-cache", "off"],
         ),
     ] {
-        let out = start_with_env(&[(var, value)], &flag);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{var} against {flag:?} is refused");
-        assert!(stderr.contains(var) && stderr.contains(flag[0]), "{stderr}");
+        let out = run_briefly(&flag, &[(var, value)]);
+        assert!(
+            !out.started && !out.success,
+            "{var} against {flag:?} is refused"
+        );
+        assert!(
+            out.stderr.contains(var) && out.stderr.contains(flag[0]),
+            "{}",
+            out.stderr
+        );
     }
 }

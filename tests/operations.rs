@@ -169,11 +169,21 @@ async fn a_configmap_symlink_swap_reloads_once() {
             == Some(8))
         .await
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // A later edit, once live, shows that every look at the swap is done:
+    // start, the swap once, the edit.
+    std::fs::write(d.join("..2026_2/rules.yaml"), rules(9)).expect("write");
+    assert!(
+        eventually(Duration::from_secs(2), async || remaining(
+            &server, "user", "a"
+        )
+        .await
+            == Some(9))
+        .await
+    );
     assert_eq!(
         metric(&server, "ratelimit_service_config_load_success"),
-        2.0,
-        "start + one reload"
+        3.0,
+        "start + the swap once + the edit"
     );
     assert_eq!(metric(&server, "ratelimit_service_config_load_error"), 0.0);
 }
@@ -182,12 +192,6 @@ async fn a_configmap_symlink_swap_reloads_once() {
 async fn sighup_reloads() {
     let server = Tollgate::start(&rules(5), &["--watch-rules", "off"]);
     write_atomically(&server.rules_path(), &rules(6));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        remaining(&server, "user", "a").await,
-        Some(5),
-        "not watching"
-    );
     let hup = Command::new("kill")
         .args(["-HUP", &server.pid().to_string()])
         .status()
@@ -200,6 +204,11 @@ async fn sighup_reloads() {
         .await
             == Some(6))
         .await
+    );
+    // Exactly two loads (start, SIGHUP): nothing watched the file.
+    assert_eq!(
+        metric(&server, "ratelimit_service_config_load_success"),
+        2.0
     );
 }
 
@@ -253,11 +262,17 @@ async fn healthcheck_reports_a_store_outage_and_fails_while_shutting_down() {
         .status()
         .expect("kill");
     assert!(term.success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let draining =
-        http(server.admin, "GET", "/healthcheck", &[]).expect("still answering while draining");
-    assert_eq!(draining.status, 500);
-    assert!(draining.body.contains("shutting down"));
+    assert!(
+        eventually(Duration::from_secs(1), async || http(
+            server.admin,
+            "GET",
+            "/healthcheck",
+            &[]
+        )
+        .is_ok_and(|r| r.status == 500 && r.body.contains("shutting down")))
+        .await,
+        "still answering while draining, and unhealthy"
+    );
     assert!(
         server.child.try_wait().expect("wait").is_none(),
         "not exited yet"
@@ -400,11 +415,23 @@ async fn a_flood_of_refusals_logs_one_line_per_key_and_window() {
     let _ = client
         .should_rate_limit(request("ops", &[&[("user", "other")]]))
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A last refusal of a third key: once its line is in, every earlier
+    // line is too (stderr is one ordered stream).
+    for _ in 0..2 {
+        let _ = client
+            .should_rate_limit(request("ops", &[&[("user", "marker")]]))
+            .await;
+    }
+    assert!(
+        eventually(Duration::from_secs(5), async || server
+            .log_count("\"marker\"")
+            == 1)
+        .await
+    );
     assert_eq!(
         server.log_count("over the limit"),
-        2,
-        "one line for flood, one for other"
+        3,
+        "one line each for flood, other and marker"
     );
     assert_eq!(server.log_count("\"flood\""), 1);
 }
@@ -414,31 +441,16 @@ fn settings_from_a_reference_deployment_are_honoured_and_mistakes_stop_start_up(
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("current/ratelimit/config")).expect("mkdir");
     std::fs::write(dir.path().join("current/ratelimit/config/r.yaml"), rules(3)).expect("write");
+    let root = dir.path().join("current");
+    let root = root.to_str().expect("utf-8 path").to_owned();
     let run = |env: &[(&str, &str)], args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-        cmd.arg("serve")
-            .args(args)
-            .env("RUNTIME_ROOT", dir.path().join("current"))
-            .env("RUNTIME_SUBDIRECTORY", "ratelimit");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.args(["--shutdown-delay", "10ms"]);
-        let mut child = cmd
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        std::thread::sleep(Duration::from_millis(700));
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let _ = child.kill();
-        let out = child.wait_with_output().expect("output");
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let mut env = env.to_vec();
+        env.extend([
+            ("RUNTIME_ROOT", root.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ]);
+        let run = common::run_briefly_as_given(args, &env);
+        (run.stdout, run.stderr)
     };
     let grpc = common::redis::free_port().to_string();
     let port = common::redis::free_port().to_string();

@@ -259,3 +259,82 @@ proptest! {
         }
     }
 }
+
+/// Every unit's period, in nanoseconds.
+fn any_period() -> impl Strategy<Value = Nanos> {
+    prop::sample::select(crate::rules::Unit::ALL.to_vec()).prop_map(|u| u.nanos())
+}
+
+/// Hits as a client may send them: small, near the limits, or anything.
+fn any_hits() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..5,
+        Just(u64::from(u32::MAX)),
+        Just(u64::from(u32::MAX) + 1),
+        Just(1u64 << 53),
+        Just(u64::MAX),
+        any::<u64>(),
+    ]
+}
+
+proptest! {
+    /// Over the whole range of limits, bursts, units, hits and time jumps:
+    /// nothing panics, a denial commits nothing, an admission never exceeds
+    /// what the limit could ever admit, what is left never exceeds the
+    /// limit, and a window's counter never goes down.
+    #[test]
+    fn every_input_keeps_the_invariants(
+        limit in any::<u32>(),
+        burst in 1u32..=u32::MAX,
+        period in any_period(),
+        alg in 0usize..3,
+        steps in prop::collection::vec((0u64..(400 * 86_400 * NANOS_PER_SEC), any_hits()), 1..40),
+    ) {
+        let alg = Algorithm::ALL[alg];
+        let q = Quota { limit, period, burst };
+        let mut st = State::default();
+        let mut now = 1_700_000_000 * NANOS_PER_SEC;
+        for (gap, hits) in steps {
+            now += gap;
+            let out = alg.decide(st, &q, now, hits);
+            let most = match alg {
+                Algorithm::TokenBucket => u64::from(burst),
+                _ => u64::from(limit),
+            };
+            if out.allowed && limit > 0 {
+                prop_assert!(hits <= most, "{alg}: {hits} admitted against {most}");
+            }
+            if limit == 0 {
+                prop_assert!(!out.allowed, "{alg}: a limit of zero admits nothing");
+            }
+            prop_assert!(u64::from(out.remaining) <= most.max(u64::from(limit)));
+            match out.commit {
+                Some((next, expires)) => {
+                    prop_assert!(out.allowed && hits > 0, "only admitted hits commit");
+                    prop_assert!(expires >= now, "an expiry in the past");
+                    if alg != Algorithm::TokenBucket && next.at == st.at {
+                        prop_assert!(next.current >= st.current, "{alg}: the counter went down");
+                    }
+                    st = next;
+                }
+                None => prop_assert!(!out.allowed || hits == 0),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_token_bucket_beyond_a_century_is_refused_and_clamped() {
+    let q = Quota {
+        limit: 1,
+        period: 365 * 86_400 * NANOS_PER_SEC,
+        burst: 1000,
+    };
+    assert_eq!(bucket_span(&q), None, "1,000 years to refill");
+    // Decided anyway (a limit sent in a request), it stays a bucket: the
+    // span is clamped, so it empties and refuses instead of wrapping.
+    let mut st = State::default();
+    let now = 1_700_000_000 * NANOS_PER_SEC;
+    assert_eq!(burst(Algorithm::TokenBucket, &mut st, &q, now, 200), 100);
+    assert!(!Algorithm::TokenBucket.decide(st, &q, now, 1).allowed);
+}

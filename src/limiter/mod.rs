@@ -273,53 +273,57 @@ impl Limiter {
 
     /// Decides a request.
     pub async fn should_rate_limit(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
-        let started = Instant::now();
-        let mut plan = self.plan(request).inspect_err(|e| self.count_error(e))?;
-        let result = if plan.checks.is_empty() {
-            Ok(())
-        } else {
-            let called = Instant::now();
-            let result = self.store.decide(&mut plan.checks, self.clock.now()).await;
-            self.count_store_call(called, &result);
-            result
+        if let Some(decided) = self.decide_now(request) {
+            return decided;
+        }
+        let (started, mut plan) = self.begin(request)?;
+        let called = Instant::now();
+        let result = match plan.checks.is_empty() {
+            true => Ok(()),
+            false => self.store.decide(&mut plan.checks, self.clock.now()).await,
         };
-        self.complete(started, plan, result)
+        self.complete(started, called, plan, result)
     }
 
     /// Decides a request at once when the store can answer without waiting
-    /// (the memory store); `None` means use [`Limiter::should_rate_limit`].
-    /// The gRPC handler takes this path so the common case builds no large
+    /// (the memory store); `None` means the store must be waited for. The
+    /// gRPC handler takes this path so the common case builds no large
     /// future.
     pub fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, LimitError>> {
         if !self.store.answers_at_once() {
             return None;
         }
-        let started = Instant::now();
-        let mut plan = match self.plan(request) {
-            Ok(plan) => plan,
-            Err(e) => {
-                self.count_error(&e);
-                return Some(Err(e));
-            }
+        let (started, mut plan) = match self.begin(request) {
+            Ok(begun) => begun,
+            Err(e) => return Some(Err(e)),
         };
-        let result = if plan.checks.is_empty() {
-            Ok(())
-        } else {
-            let called = Instant::now();
-            let result = self.store.decide_now(&mut plan.checks, self.clock.now())?;
-            self.count_store_call(called, &result);
-            result
+        let called = Instant::now();
+        let result = match plan.checks.is_empty() {
+            true => Ok(()),
+            false => self.store.decide_now(&mut plan.checks, self.clock.now())?,
         };
-        Some(self.complete(started, plan, result))
+        Some(self.complete(started, called, plan, result))
     }
 
-    /// Builds the decision from the store's answer and records the latency.
+    /// Starts a decision: the plan, or the (counted) reason the request is refused.
+    fn begin(&self, request: &Request<'_>) -> Result<(Instant, Plan), LimitError> {
+        let started = Instant::now();
+        let plan = self.plan(request).inspect_err(|e| self.count_error(e))?;
+        Ok((started, plan))
+    }
+
+    /// Builds the decision from the store's answer (asked at `called`, if
+    /// there was anything to ask) and records the latencies.
     fn complete(
         &self,
         started: Instant,
+        called: Instant,
         plan: Plan,
         result: Result<(), StoreError>,
     ) -> Result<Decision, LimitError> {
+        if !plan.checks.is_empty() {
+            self.count_store_call(called, &result);
+        }
         let decided = self.finish(plan, result.err());
         self.metrics
             .response_time

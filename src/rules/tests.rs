@@ -101,6 +101,10 @@ descriptors:
         ),
         ("{unit: minute, requests_per_unit: -5}", "-5"),
         ("{unit: minute, requests_per_unit: 5, color: red}", "color"),
+        (
+            "{unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 1000}",
+            "more than 100 years to refill",
+        ),
     ] {
         let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {yaml}\n");
         let err = load(&text).expect_err(yaml).to_string();
@@ -158,4 +162,24 @@ descriptors:
     assert_eq!(err.0.len(), 2, "{err}");
     assert_eq!(err.0[0].at.map(|a| a.0), Some(4));
     assert_eq!(err.0[1].at.map(|a| a.0), Some(5));
+}
+
+#[test]
+fn metric_labels_keep_each_level_whole() {
+    let rules = load(
+        "domain: d
+descriptors:
+  - key: ip
+    value: 10.0.0.1
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 1}
+",
+    )
+    .expect("loads");
+    let rule = &rules.rules()[0];
+    assert_eq!(
+        rule.metric_labels,
+        r#"domain="d",key1="ip_10.0.0.1",key2="path""#
+    );
 }

@@ -89,6 +89,8 @@ pub fn run(
         limits,
         tls,
     } = serve;
+    let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
+    let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -191,7 +193,21 @@ pub fn run(
                 Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
             }
         }
-        shutdown.await;
+        // Signal handlers are in place (SIGHUP above; SIGTERM/SIGINT on the
+        // first poll of `shutdown`) before the lines that say Tollgate is up:
+        // a signal sent as soon as they appear is handled, not fatal.
+        let mut shutdown = std::pin::pin!(shutdown);
+        let early = futures_util::poll!(shutdown.as_mut()).is_ready();
+        // Lines on stdout that scripts and tests can wait for.
+        for a in &admin_addrs {
+            println!("tollgate: admin listening on {a}");
+        }
+        if let Some(addr) = grpc_addr {
+            println!("tollgate: gRPC listening on {addr}");
+        }
+        if !early {
+            shutdown.await;
+        }
         tracing::info!(delay = ?shutdown_delay, "shutting down: reporting unhealthy, then finishing calls in flight");
         health.start_draining();
         set_health(&grpc_health, tonic_health::ServingStatus::NotServing).await;

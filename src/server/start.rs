@@ -80,11 +80,6 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         admin.push(listener);
     }
     if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
-        // Lines on stdout that scripts and tests can wait for.
-        for a in admin.iter().filter_map(|l| l.local_addr().ok()) {
-            println!("tollgate: admin listening on {a}");
-        }
-        println!("tollgate: gRPC listening on {addr}");
         tracing::info!(%addr, workers, "gRPC listening");
     }
     let reloader = Arc::new(Reloader::new(paths, args.load_options(), limiter.clone()));

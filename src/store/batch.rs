@@ -52,17 +52,20 @@ impl Check {
 /// expiry) when the request is admitted, or `None` everywhere when it is not.
 pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commits {
     let mut pending: Commits = smallvec::smallvec![None; checks.len()];
+    // The counter's state after each check: what it committed, or what it
+    // saw when it changed nothing (a denial, a check of zero hits).
+    let mut after: smallvec::SmallVec<[State; 4]> = smallvec::SmallVec::with_capacity(checks.len());
     let mut blocked = false;
     let earlier = earlier_checks(checks);
     for i in 0..checks.len() {
-        // An earlier check of the same counter in this request sees through.
-        let state = earlier[i]
-            .and_then(|j| pending[j].map(|(s, _)| s))
-            .unwrap_or(states[i]);
+        // An earlier check of the same counter in this request sees through,
+        // as the Redis script reads its own pending writes.
+        let state = earlier[i].map_or(states[i], |j| after[j]);
         let check = &mut checks[i];
         let outcome = check.algorithm.decide(state, &check.quota, now, check.hits);
         blocked |= check.enforced && !outcome.allowed;
         pending[i] = outcome.commit;
+        after.push(outcome.commit.map_or(state, |(s, _)| s));
         check.outcome = Some(outcome);
     }
     if blocked {

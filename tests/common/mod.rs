@@ -56,14 +56,15 @@ impl Tollgate {
                 }
             }
         });
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
+        // Lines arrive on a channel, so a child that stays silent cannot
+        // hold the test past its deadline.
+        let lines = stdout_lines(child.stdout.take().expect("stdout"));
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut admin = None;
         let addr = loop {
-            assert!(Instant::now() < deadline, "tollgate did not start in time");
-            match lines.next() {
-                Some(Ok(line)) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
                     if let Some(addr) = line.strip_prefix("tollgate: admin listening on ") {
                         admin = Some(addr.parse().expect("address"));
                     }
@@ -71,12 +72,18 @@ impl Tollgate {
                         break addr.parse().expect("address");
                     }
                 }
-                _ => panic!("tollgate exited before listening: {:?}", child.wait()),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    panic!("tollgate did not start within 20 s");
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("tollgate exited before listening: {:?}", child.wait())
+                }
             }
         };
         let admin = admin.expect("admin address printed before the gRPC one");
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        // The reader thread keeps draining stdout, so the server never blocks
+        // on a full pipe.
         Tollgate {
             child,
             addr,
@@ -114,6 +121,84 @@ impl Drop for Tollgate {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Reads `stdout` line by line on a thread of its own.
+pub fn stdout_lines(
+    stdout: impl std::io::Read + Send + 'static,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// What a `tollgate serve` printed and how it ended.
+pub struct Run {
+    /// Whether it got as far as listening.
+    pub started: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub success: bool,
+}
+
+/// Runs `tollgate serve` on free ports with `args` and `env` until it
+/// listens (then stops it with SIGTERM) or exits by itself, within 20 s.
+pub fn run_briefly(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut all = vec!["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    run_briefly_as_given(&all, env)
+}
+
+/// As [`run_briefly`], with only the arguments given (no listen addresses).
+pub fn run_briefly_as_given(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command
+        .arg("serve")
+        .args(["--shutdown-delay", "10ms"])
+        .args(args)
+        .env("NO_COLOR", "1");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tollgate");
+    let stderr_pipe = child.stderr.take().expect("stderr");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr_pipe), &mut text);
+        text
+    });
+    let lines = stdout_lines(child.stdout.take().expect("stdout"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stdout = String::new();
+    let mut started = false;
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        stdout.push_str(&line);
+        stdout.push('\n');
+        if line.starts_with("tollgate: gRPC listening on ") {
+            started = true;
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+    }
+    if Instant::now() >= deadline {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("wait");
+    Run {
+        started,
+        stdout,
+        stderr: stderr.join().unwrap_or_default(),
+        success: status.success(),
     }
 }
 

@@ -149,28 +149,6 @@ impl Conn {
         }
     }
 
-    /// Runs a prepared EVALSHA of `script`; after a Redis restart or
-    /// failover (NOSCRIPT) loads the script and runs it again.
-    async fn evalsha(&mut self, script: &Script, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        let first = match self {
-            Conn::Standalone(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
-        };
-        match first {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                match self {
-                    Conn::Standalone(c) => script.prepare_invoke().load_async(c).await?,
-                    Conn::Cluster(c) => script.prepare_invoke().load_async(c).await?,
-                };
-                match self {
-                    Conn::Standalone(c) => cmd.query_async(c).await,
-                    Conn::Cluster(c) => cmd.query_async(c).await,
-                }
-            }
-            other => other,
-        }
-    }
-
     async fn ping(&mut self) -> Result<(), RedisError> {
         let cmd = redis::cmd("PING");
         match self {
@@ -472,16 +450,16 @@ impl RedisStore {
         let conn = self.conn().await?;
         let now_us = now / NANOS_PER_TICK;
         let calls = groups.iter().map(|(_, group)| {
-            // EVALSHA written straight into one command buffer.
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.inner.batch.get_hash()).arg(group.keys.len());
+            // EVALSHA by hash; after a Redis restart or failover (NOSCRIPT)
+            // the redis crate loads the script and runs it again.
+            let mut inv = self.inner.batch.prepare_invoke();
             for key in &group.keys {
-                cmd.arg(key.as_str());
+                inv.key(key.as_str());
             }
-            cmd.arg(now_us);
+            inv.arg(now_us);
             for &i in &group.checks {
                 let c = &checks[i];
-                cmd.arg(script_code(c.algorithm))
+                inv.arg(script_code(c.algorithm))
                     .arg(c.quota.limit)
                     .arg((c.quota.period / NANOS_PER_TICK).max(1))
                     .arg(c.quota.burst.max(1))
@@ -489,11 +467,7 @@ impl RedisStore {
                     .arg(if c.enforced { "1" } else { "0" });
             }
             let mut conn = conn.clone();
-            async move {
-                conn.evalsha(&self.inner.batch, &cmd)
-                    .await
-                    .map_err(|e| redis_error(&e))
-            }
+            async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
         });
         let replies = join_all(calls).await;
         for ((_, group), reply) in groups.iter().zip(replies) {
