@@ -231,7 +231,14 @@ async fn a_stream_that_never_ends_is_cut_at_the_request_timeout() {
 async fn connections_that_never_speak_or_go_idle_are_closed() {
     let server = Tollgate::start(
         RULES,
-        &["--handshake-timeout", "300ms", "--idle-timeout", "500ms"],
+        &[
+            "--handshake-timeout",
+            "300ms",
+            "--idle-timeout",
+            "500ms",
+            "--keepalive",
+            "off",
+        ],
     );
     let mut silent = TcpStream::connect(server.addr).expect("connect");
     assert!(

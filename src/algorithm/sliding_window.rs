@@ -20,7 +20,10 @@ const MAX_STEPS: u64 = 1 << 19;
 /// `(step, steps)` for a period, in ticks.
 fn steps(period: u64) -> (u64, u64) {
     let mut step = 1u64;
-    while period.div_ceil(step) > MAX_STEPS {
+    // `period > MAX_STEPS * step` is `period.div_ceil(step) > MAX_STEPS`
+    // without a division; it cannot overflow, as the loop stops once
+    // `MAX_STEPS * step` passes `period`, which is below 2^64 / 1000.
+    while period > MAX_STEPS.saturating_mul(step) {
         step *= 10;
     }
     (step, period.div_ceil(step))
@@ -42,21 +45,19 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
         (0, 0)
     };
     let limit = u64::from(quota.limit);
-    let n128 = u128::from(n);
-    // estimate * n, for a given count in the current window.
-    let scaled =
-        |current: u64| u128::from(previous) * u128::from(n - elapsed) + u128::from(current) * n128;
-    let remaining = |current: u64| {
-        let used = scaled(current).div_ceil(n128);
-        clamp_u32(u128::from(limit).saturating_sub(used) as u64)
-    };
+    // estimate * n, for a given count in the current window. Counts are
+    // below 2^32 and a cost is at most the limit, so with n <= 2^19 every
+    // product and sum here stays below 2^53: u64 holds them exactly, and so
+    // do the Lua script's doubles.
+    let scaled = |current: u64| previous * (n - elapsed) + current * n;
+    let remaining = |current: u64| clamp_u32(limit.saturating_sub(scaled(current).div_ceil(n)));
 
     let c = cost(hits);
-    if c > limit || scaled(current + c - 1) >= u128::from(limit) * n128 {
+    if c > limit || scaled(current + c - 1) >= limit * n {
         return Outcome {
             allowed: false,
             remaining: remaining(current),
-            wait: retry_after(previous, current, c, limit, period, offset),
+            wait: retry_after(previous, current, c, limit, (step, n), period, offset),
             commit: None,
         };
     }
@@ -83,8 +84,7 @@ fn earliest_step(previous: u64, room: u64, n: u64) -> u64 {
     if previous == 0 {
         return 0;
     }
-    let fits = (u128::from(room) * u128::from(n) - 1) / u128::from(previous);
-    n.saturating_sub(u64::try_from(fits).unwrap_or(u64::MAX))
+    n.saturating_sub((room * n - 1) / previous)
 }
 
 /// The shortest wait after which a request of `cost` is admitted, if nothing
@@ -95,10 +95,10 @@ fn retry_after(
     current: u64,
     cost: u64,
     limit: u64,
+    (step, n): (u64, u64),
     period: u64,
     offset: u64,
 ) -> u64 {
-    let (step, n) = steps(period);
     let to_next_window = period - offset;
     if cost > limit {
         // Never admitted; report the window end.

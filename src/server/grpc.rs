@@ -62,43 +62,30 @@ where
 /// How long an idle connection being closed has to finish closing.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// What one connection is doing, for the idle timeout.
+/// What one connection is doing, for the idle timeout. Calls only count
+/// (no clock reads on the request path); the connection's own tick turns
+/// "no call in flight and none finished since the last tick" into idle time.
+#[derive(Default)]
 struct Activity {
-    started: tokio::time::Instant,
     in_flight: AtomicUsize,
-    /// Milliseconds after `started` when the last call ended.
-    last: AtomicU64,
+    /// Calls finished so far.
+    finished: AtomicU64,
     /// Whether any call has started.
     called: AtomicBool,
 }
 
 impl Activity {
-    fn new() -> Self {
-        Self {
-            started: tokio::time::Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last: AtomicU64::new(0),
-            called: AtomicBool::new(false),
-        }
-    }
-
     fn called(&self) -> bool {
         self.called.load(Ordering::Relaxed)
     }
 
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// How long no call has been in flight (zero while one is).
-    fn idle_for(&self) -> Duration {
+    /// A mark that changes whenever a call starts or ends; `None` while a
+    /// call is in flight.
+    fn mark(&self) -> Option<u64> {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return Duration::ZERO;
+            return None;
         }
-        Duration::from_millis(
-            self.now_ms()
-                .saturating_sub(self.last.load(Ordering::Relaxed)),
-        )
+        Some(self.finished.load(Ordering::Relaxed))
     }
 }
 
@@ -107,7 +94,7 @@ struct CallGuard(Arc<Activity>);
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        self.0.last.store(self.0.now_ms(), Ordering::Relaxed);
+        self.0.finished.fetch_add(1, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -141,6 +128,12 @@ where
         let timeout = self.request_timeout;
         Box::pin(async move {
             let _guard = guard;
+            let mut call = std::pin::pin!(call);
+            // Most calls (the memory store's) finish on their first poll:
+            // they never need a timer.
+            if let Poll::Ready(reply) = futures_util::poll!(call.as_mut()) {
+                return reply;
+            }
             match tokio::time::timeout(timeout, call).await {
                 Ok(reply) => reply,
                 // A stream whose body never ends (or a store that never
@@ -199,7 +192,7 @@ where
         .auto_date_header(false)
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive)
-        .keep_alive_timeout(limits.keepalive)
+        .keep_alive_timeout(limits.keepalive.unwrap_or(Duration::from_secs(20)))
         .max_concurrent_streams(limits.max_streams)
         .initial_stream_window_size(window)
         .initial_connection_window_size(window)
@@ -232,7 +225,7 @@ where
                 };
                 full.room();
                 let _ = tcp.set_nodelay(true);
-                let activity = Arc::new(Activity::new());
+                let activity = Arc::new(Activity::default());
                 let service = TowerToHyperService::new(Tracked {
                     inner: service.clone(),
                     activity: activity.clone(),
@@ -294,6 +287,9 @@ async fn drive<C>(
 {
     let mut conn = std::pin::pin!(conn);
     let mut tick = tokio::time::interval((idle / 4).max(Duration::from_millis(50)));
+    // The activity mark at the last tick, and since when it has not moved.
+    let mut last_mark = None;
+    let mut quiet_since = tokio::time::Instant::now();
     // Once closing, how long the peer has to finish (a graceful close waits
     // for the peer's PING ack too, which a hostile peer never sends).
     let mut closing: Option<tokio::time::Instant> = None;
@@ -306,8 +302,12 @@ async fn drive<C>(
                 closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
                 conn.as_mut().shut_down();
             }
-            _ = tick.tick(), if closing.is_none() => {
-                if activity.idle_for() >= idle {
+            now = tick.tick(), if closing.is_none() => {
+                let mark = activity.mark();
+                if mark.is_none() || mark != last_mark {
+                    last_mark = mark;
+                    quiet_since = now;
+                } else if now - quiet_since >= idle {
                     closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
                     conn.as_mut().shut_down();
                 }

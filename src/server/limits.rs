@@ -19,8 +19,8 @@ pub struct ConnectionLimits {
     /// gracefully (`--idle-timeout`); Envoy reconnects on its next call.
     pub idle_timeout: Duration,
     /// HTTP/2 PING interval; a peer that does not answer within the same
-    /// time is dropped (`--keepalive`).
-    pub keepalive: Duration,
+    /// time is dropped (`--keepalive`; `None`: no pings).
+    pub keepalive: Option<Duration>,
     /// Longest one call may take, reading its body included
     /// (`--request-timeout`); past it the call ends with DEADLINE_EXCEEDED.
     pub request_timeout: Duration,
@@ -42,7 +42,7 @@ impl Default for ConnectionLimits {
             grpc_connections: Arc::new(Semaphore::new(10_000)),
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(3600),
-            keepalive: Duration::from_secs(30),
+            keepalive: Some(Duration::from_secs(30)),
             request_timeout: Duration::from_secs(5),
             max_streams: 1024,
             window_bytes: 128 * 1024,

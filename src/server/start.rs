@@ -94,7 +94,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             grpc_connections: Arc::new(tokio::sync::Semaphore::new(args.max_connections)),
             handshake_timeout: args.handshake_timeout,
             idle_timeout: args.idle_timeout,
-            keepalive: args.keepalive,
+            keepalive: args.keepalive.0,
             request_timeout: args.request_timeout,
             max_streams: args.max_streams,
             window_bytes: args.max_request_bytes,
