@@ -47,12 +47,18 @@ const KEYS: [&str; 10] = [
 ];
 const VALUES: [&str; 3] = ["a", "b|user=a", "{c}"];
 
-fn rules() -> RuleSet {
+/// Parsed once: loading YAML for every input would take most of the
+/// fuzzers' time.
+static PARSED: std::sync::LazyLock<RuleSet> = std::sync::LazyLock::new(|| {
     load_sources(
         &[(PathBuf::from("f.yaml"), RULES.into())],
         &LoadOptions::default(),
     )
     .expect("the fuzz rules load")
+});
+
+fn rules() -> RuleSet {
+    PARSED.clone()
 }
 
 fn limiter(clock: &ManualClock) -> Limiter {

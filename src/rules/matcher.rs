@@ -12,13 +12,13 @@ use super::glob::Glob;
 use super::{Rule, RuleSet};
 
 /// The rules under one descriptor level, by entry key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Level {
     pub(crate) keys: hashbrown::HashMap<Box<str>, KeyRules>,
 }
 
 /// Every rule for one entry key at one level.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct KeyRules {
     pub(crate) exact: hashbrown::HashMap<Box<str>, Node>,
     pub(crate) wildcards: Vec<(Glob, Node)>,
@@ -26,7 +26,7 @@ pub(crate) struct KeyRules {
 }
 
 /// One descriptor of a rule file.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Node {
     /// The rule, when the descriptor has a `rate_limit`.
     pub(crate) rule: Option<Arc<Rule>>,

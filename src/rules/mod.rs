@@ -189,8 +189,9 @@ pub struct Source {
     pub line: u32,
 }
 
-/// A validated, compiled set of rules for every domain.
-#[derive(Debug, Default)]
+/// A validated, compiled set of rules for every domain. Cloning shares the
+/// rules themselves (and their metric handles).
+#[derive(Debug, Default, Clone)]
 pub struct RuleSet {
     domains: hashbrown::HashMap<Box<str>, matcher::Level>,
     rules: Vec<Arc<Rule>>,
