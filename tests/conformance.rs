@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use tollgate::clock::{ManualClock, NANOS_PER_SEC, Nanos};
@@ -62,14 +62,7 @@ impl Harness {
             &LoadOptions::default(),
         )
         .expect("rules");
-        // The next whole hour from now: windows line up, and expiries (set
-        // from this clock) are in Redis's future.
-        let hour = 3600 * NANOS_PER_SEC;
-        let real = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as Nanos;
-        let start = (real / hour + 1) * hour;
+        let start = common::next_whole_hour();
         let clock = ManualClock::new(start);
         let store = match &backend {
             Backend::Memory => Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),

@@ -10,11 +10,11 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::redis::RedisServer;
 use proptest::prelude::*;
-use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC, Nanos};
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::limiter::{Descriptor, LimitOverride, Limiter, LimiterOptions, Request};
 use tollgate::rules::{LoadOptions, Unit, load_sources};
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -137,14 +137,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     redis::cmd("FLUSHALL")
         .query::<()>(&mut admin)
         .expect("FLUSHALL");
-    // A whole hour from now: Redis expiries (from this clock) are ahead of
-    // Redis's own time.
-    let hour = 3600 * NANOS_PER_SEC;
-    let real = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos() as Nanos;
-    let clock = ManualClock::new((real / hour + 1) * hour);
+    let clock = ManualClock::new(common::next_whole_hour());
     let memory = limiter(
         Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
         &clock,

@@ -416,26 +416,19 @@ async fn tls_and_a_password_through_a_rediss_url() {
 
 #[test]
 fn a_build_without_insecure_tls_refuses_insecure_urls() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
-        .args([
+    let run = common::run_briefly(
+        &[
             "--store",
             "redis",
             "--redis-url",
             "rediss://127.0.0.1:1/#insecure",
-        ])
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        ],
+        &[],
+    );
+    assert!(!run.started && !run.success);
     assert!(
-        stderr.contains("#insecure") && stderr.contains("--redis-tls-ca"),
-        "{stderr}"
+        run.stderr.contains("#insecure") && run.stderr.contains("--redis-tls-ca"),
+        "{}",
+        run.stderr
     );
 }

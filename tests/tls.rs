@@ -232,26 +232,19 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
 fn bad_tls_files_stop_start_up_naming_the_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(dir.path());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
-        .args([
+    let run = common::run_briefly(
+        &[
             "--tls-cert",
             &pki.path("server"),
             "--tls-key",
             &pki.key_path("client"),
-        ])
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        ],
+        &[],
+    );
+    assert!(!run.started && !run.success);
     assert!(
-        stderr.contains("server.pem") && stderr.contains("client.key"),
-        "{stderr}"
+        run.stderr.contains("server.pem") && run.stderr.contains("client.key"),
+        "{}",
+        run.stderr
     );
 }

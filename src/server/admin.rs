@@ -10,7 +10,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
+use super::limits::{Acceptor, ConnectionLimits};
 use super::tls::Tls;
 
 /// Serves `router` on `listener` until `stop` turns true.
@@ -27,27 +27,14 @@ pub(super) async fn serve(
         .header_read_timeout(limits.admin_timeout.min(Duration::from_secs(10)))
         .max_buf_size(64 * 1024);
     let mut connections = JoinSet::new();
-    let mut backoff = AcceptBackoff::default();
-    let full = FullNotice::default();
+    let mut incoming = Acceptor::new(
+        "admin",
+        "--max-admin-connections",
+        limits.admin_connections.clone(),
+    );
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let tcp = match accepted {
-                    Ok((tcp, _)) => {
-                        backoff.succeeded("admin");
-                        tcp
-                    }
-                    Err(e) => {
-                        tokio::time::sleep(backoff.failed("admin", &e)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = limits.admin_connections.clone().try_acquire_owned() else {
-                    full.full("admin", "--max-admin-connections");
-                    drop(tcp);
-                    continue;
-                };
-                full.room();
+            (tcp, permit) = incoming.next(&listener) => {
                 let service = TowerToHyperService::new(router.clone());
                 let lifetime = limits.admin_timeout;
                 let acceptor = tls.as_ref().map(|t| t.admin_acceptor());

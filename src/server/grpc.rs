@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tower_service::Service;
 
 use super::DRAIN_TIMEOUT;
-use super::limits::{AcceptBackoff, ConnectionLimits, FullNotice};
+use super::limits::{Acceptor, ConnectionLimits};
 use super::tls::Tls;
 
 type Reply = http::Response<tonic::body::Body>;
@@ -201,29 +201,10 @@ where
     let mut connections = JoinSet::new();
     // Each connection watches its own copy of the stop signal.
     let stop_for_connections = stop.clone();
-    let mut backoff = AcceptBackoff::default();
-    let full = FullNotice::default();
+    let mut incoming = Acceptor::new("gRPC", "--max-connections", limits.grpc_connections.clone());
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let tcp = match accepted {
-                    Ok((tcp, _)) => {
-                        backoff.succeeded("gRPC");
-                        tcp
-                    }
-                    // Out of file descriptors and the like: keep serving the
-                    // others, and retry as soon as some may have freed.
-                    Err(e) => {
-                        tokio::time::sleep(backoff.failed("gRPC", &e)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = limits.grpc_connections.clone().try_acquire_owned() else {
-                    full.full("gRPC", "--max-connections");
-                    drop(tcp);
-                    continue;
-                };
-                full.room();
+            (tcp, permit) = incoming.next(&listener) => {
                 let _ = tcp.set_nodelay(true);
                 let activity = Arc::new(Activity::default());
                 let service = TowerToHyperService::new(Tracked {

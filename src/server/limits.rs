@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Connection bounds for the gRPC and admin listeners.
 #[derive(Debug, Clone)]
@@ -55,7 +56,7 @@ impl Default for ConnectionLimits {
 /// Backs off after failed accepts (out of file descriptors, say), so the
 /// loop does not spin, and logs once per episode instead of once per failure.
 #[derive(Debug, Default)]
-pub(super) struct AcceptBackoff {
+struct AcceptBackoff {
     delay: Option<Duration>,
 }
 
@@ -65,7 +66,7 @@ impl AcceptBackoff {
 
     /// An accept failed: logs the first failure of an episode and returns
     /// how long to wait before the next attempt.
-    pub(super) fn failed(&mut self, what: &str, error: &std::io::Error) -> Duration {
+    fn failed(&mut self, what: &str, error: &std::io::Error) -> Duration {
         let delay = match self.delay {
             None => {
                 tracing::warn!(listener = what, %error, "accept failing; backing off until it succeeds");
@@ -78,7 +79,7 @@ impl AcceptBackoff {
     }
 
     /// An accept succeeded: ends the episode.
-    pub(super) fn succeeded(&mut self, what: &str) {
+    fn succeeded(&mut self, what: &str) {
         if self.delay.take().is_some() {
             tracing::info!(listener = what, "accepting connections again");
         }
@@ -87,10 +88,10 @@ impl AcceptBackoff {
 
 /// Logs "connection limit reached" once per episode.
 #[derive(Debug, Default)]
-pub(super) struct FullNotice(AtomicBool);
+struct FullNotice(AtomicBool);
 
 impl FullNotice {
-    pub(super) fn full(&self, what: &str, flag: &str) {
+    fn full(&self, what: &str, flag: &str) {
         if !self.0.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 listener = what,
@@ -99,7 +100,63 @@ impl FullNotice {
         }
     }
 
-    pub(super) fn room(&self) {
+    fn room(&self) {
         self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// One listener's accept loop state.
+#[derive(Debug)]
+pub(super) struct Acceptor {
+    what: &'static str,
+    flag: &'static str,
+    slots: Arc<Semaphore>,
+    backoff: AcceptBackoff,
+    full: FullNotice,
+}
+
+impl Acceptor {
+    /// For the listener called `what`, whose connection bound is `flag`.
+    pub(super) fn new(what: &'static str, flag: &'static str, slots: Arc<Semaphore>) -> Self {
+        Self {
+            what,
+            flag,
+            slots,
+            backoff: AcceptBackoff::default(),
+            full: FullNotice::default(),
+        }
+    }
+
+    /// The next connection that fits under the bound, with its slot: a
+    /// failed accept backs off, a connection past the bound is closed at
+    /// once. Cancel-safe (for `select!`).
+    pub(super) async fn next(
+        &mut self,
+        listener: &TcpListener,
+    ) -> (TcpStream, OwnedSemaphorePermit) {
+        loop {
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => {
+                    self.backoff.succeeded(self.what);
+                    tcp
+                }
+                // Out of file descriptors and the like: keep serving the
+                // others, and retry as soon as some may have freed.
+                Err(e) => {
+                    tokio::time::sleep(self.backoff.failed(self.what, &e)).await;
+                    continue;
+                }
+            };
+            match self.slots.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    self.full.room();
+                    return (tcp, permit);
+                }
+                Err(_) => {
+                    self.full.full(self.what, self.flag);
+                    drop(tcp);
+                }
+            }
+        }
     }
 }

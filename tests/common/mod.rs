@@ -124,6 +124,18 @@ impl Drop for Tollgate {
     }
 }
 
+/// The next whole hour of the wall clock, in nanoseconds: a manual clock
+/// started there has windows that line up, and expiries it sets are in
+/// Redis's future.
+pub fn next_whole_hour() -> u64 {
+    let hour = 3_600_000_000_000u64;
+    let real = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64;
+    (real / hour + 1) * hour
+}
+
 /// Reads `stdout` line by line on a thread of its own.
 pub fn stdout_lines(
     stdout: impl std::io::Read + Send + 'static,
