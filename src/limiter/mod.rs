@@ -422,12 +422,15 @@ impl Limiter {
         }
         let mut statuses = Vec::with_capacity(planned.len());
         let mut over_limit = false;
+        // `unlimited` is in request order: walk it alongside.
+        let mut unlimited = unlimited.iter().peekable();
         for (i, plan) in planned.iter().enumerate() {
             let Some(plan) = plan else {
+                let is_unlimited = unlimited.next_if_eq(&&i).is_some();
                 statuses.push(Status {
                     over_limit: false,
                     limit: None,
-                    remaining: if unlimited.contains(&i) { u32::MAX } else { 0 },
+                    remaining: if is_unlimited { u32::MAX } else { 0 },
                     reset: 0,
                 });
                 continue;
@@ -467,7 +470,7 @@ impl Limiter {
 struct Plan {
     planned: SmallVec<[Option<Planned>; 4]>,
     checks: SmallVec<[Check; 4]>,
-    /// Descriptors matched to `unlimited: true` rules.
+    /// Descriptors matched to `unlimited: true` rules, in request order.
     unlimited: SmallVec<[usize; 2]>,
 }
 
