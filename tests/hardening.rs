@@ -301,24 +301,26 @@ async fn connections_past_the_limit_are_closed_and_room_comes_back() {
 async fn slow_admin_clients_are_cut_off_and_bounded() {
     let server = Tollgate::start(
         RULES,
-        &["--admin-timeout", "300ms", "--max-admin-connections", "2"],
+        &["--admin-timeout", "2s", "--max-admin-connections", "2"],
     );
     let mut slow = TcpStream::connect(server.admin).expect("connect");
     slow.write_all(b"GET /metr").expect("half a request line");
     assert!(
-        closed_within(&mut slow, Duration::from_secs(3)),
+        closed_within(&mut slow, Duration::from_secs(6)),
         "slow headers: closed"
     );
+    // Two connections take both slots (the kernel hands them over in order).
+    let started = Instant::now();
     let mut a = TcpStream::connect(server.admin).expect("connect");
     let mut b = TcpStream::connect(server.admin).expect("connect");
-    std::thread::sleep(Duration::from_millis(100));
     let mut c = TcpStream::connect(server.admin).expect("connect");
     assert!(
-        closed_within(&mut c, Duration::from_millis(250)),
-        "over the limit: closed at once"
+        closed_within(&mut c, Duration::from_millis(1500)),
+        "over the limit: closed at once, well before the 2 s admin timeout"
     );
-    assert!(closed_within(&mut a, Duration::from_secs(3)));
-    assert!(closed_within(&mut b, Duration::from_secs(3)));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(closed_within(&mut a, Duration::from_secs(6)));
+    assert!(closed_within(&mut b, Duration::from_secs(6)));
     assert_eq!(
         http(server.admin, "GET", "/healthcheck", &[])
             .expect("answer")
@@ -415,19 +417,33 @@ async fn a_store_outage_fails_health_only_when_errors_are_the_answer() {
             "redis",
             "--redis-url",
             &url,
+            "--redis-timeout",
+            "1s",
             "--on-store-error",
             "unavailable",
         ],
     );
-    assert_eq!(
-        http(server.admin, "GET", "/healthcheck", &[])
-            .expect("answer")
-            .status,
-        200
-    );
+    let health = || http(server.admin, "GET", "/healthcheck", &[]).expect("answer");
+    let within = |status: u16| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = health();
+            if r.status == status {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "health stayed {}: {}",
+                r.status,
+                r.body
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    within(200);
     redis.kill();
-    let down = http(server.admin, "GET", "/healthcheck", &[]).expect("answer");
-    assert_eq!(down.status, 500, "{}", down.body);
+    let down = within(500);
+    assert!(down.body.contains("store"), "{}", down.body);
 }
 
 #[test]
@@ -514,7 +530,19 @@ fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
 async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let server = Tollgate::start(RULES, &["--store", "redis", "--redis-url", &url]);
+    // A generous Redis timeout: on a loaded test machine the flood must not
+    // make the victim's own calls time out, so its count is exact.
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "1s",
+        ],
+    );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut flood = Vec::new();
     for t in 0..4 {
@@ -549,12 +577,7 @@ async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
     for f in flood {
         assert!(f.await.expect("flood task") > 0);
     }
-    // A call that times out while this debug build is busy refusing the
-    // flood is refused too (failure_mode deny): never more than the limit.
-    assert!(
-        (1..=3).contains(&admitted),
-        "the limit held through the flood: {admitted}"
-    );
+    assert_eq!(admitted, 3, "the limit held through the flood");
     let body = metrics(&server);
     assert!(
         body.contains("tollgate_store_circuit_open_total 0"),

@@ -205,7 +205,11 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
     assert_eq!(curl(server.admin, &pki.pem("ca2"), None), 0);
     // A half-written key is not loaded: the certificate in force stays.
     std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nnot a key\n").expect("write");
-    std::thread::sleep(Duration::from_millis(1500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.log_count("TLS files not reloaded") == 0 {
+        assert!(Instant::now() < deadline, "the bad key was never looked at");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(
         curl(server.admin, &pki.pem("ca"), None),
         200,
