@@ -355,7 +355,7 @@ impl RedisStore {
                     cache.remember(checks, now);
                 }
                 if groups.len() > 1 {
-                    self.keep_all_or_nothing(checks, &groups).await;
+                    self.keep_all_or_nothing(checks, &groups, now).await;
                 }
                 Ok(())
             }
@@ -448,24 +448,8 @@ impl RedisStore {
             group.keys.extend(names.into_iter().take(n));
         }
         let conn = self.conn().await?;
-        let now_us = now / NANOS_PER_TICK;
         let calls = groups.iter().map(|(_, group)| {
-            // EVALSHA by hash; after a Redis restart or failover (NOSCRIPT)
-            // the redis crate loads the script and runs it again.
-            let mut inv = self.inner.batch.prepare_invoke();
-            for key in &group.keys {
-                inv.key(key.as_str());
-            }
-            inv.arg(now_us);
-            for &i in &group.checks {
-                let c = &checks[i];
-                inv.arg(script_code(c.algorithm))
-                    .arg(c.quota.limit)
-                    .arg((c.quota.period / NANOS_PER_TICK).max(1))
-                    .arg(c.quota.burst.max(1))
-                    .arg(c.hits)
-                    .arg(if c.enforced { "1" } else { "0" });
-            }
+            let inv = self.batch_invocation(group, checks, now, true);
             let mut conn = conn.clone();
             async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
         });
@@ -484,14 +468,47 @@ impl RedisStore {
         Ok(groups)
     }
 
+    /// The batch script call for one slot's checks; `spend: false` asks
+    /// each check with zero hits (what is left, spending nothing). EVALSHA by
+    /// hash; after a Redis restart or failover (NOSCRIPT) the redis crate
+    /// loads the script and runs it again.
+    fn batch_invocation<'a>(
+        &'a self,
+        group: &'a Group,
+        checks: &[Check],
+        now: Nanos,
+        spend: bool,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut inv = self.inner.batch.prepare_invoke();
+        for key in &group.keys {
+            inv.key(key.as_str());
+        }
+        inv.arg(now / NANOS_PER_TICK);
+        for &i in &group.checks {
+            let c = &checks[i];
+            inv.arg(script_code(c.algorithm))
+                .arg(c.quota.limit)
+                .arg((c.quota.period / NANOS_PER_TICK).max(1))
+                .arg(c.quota.burst.max(1))
+                .arg(if spend { c.hits } else { 0 })
+                .arg(if c.enforced { "1" } else { "0" });
+        }
+        inv
+    }
+
     /// Across hash slots each script call is all or nothing on its own; when
     /// one slot refused the request, the hits the others committed are given
     /// back, so the request as a whole spends nothing. The refusal stands
     /// whatever happens here; a refund that fails leaves those hits spent, so
     /// the error is only ever on the side of refusing, and it is logged.
-    async fn keep_all_or_nothing(&self, checks: &[Check], groups: &[(Slot, Group)]) {
-        let denied =
-            |i: &usize| checks[*i].enforced && checks[*i].outcome.is_some_and(|o| !o.allowed);
+    async fn keep_all_or_nothing(
+        &self,
+        checks: &mut [Check],
+        groups: &[(Slot, Group)],
+        now: Nanos,
+    ) {
+        let ro: &[Check] = checks;
+        let denied = |i: &usize| ro[*i].enforced && ro[*i].outcome.is_some_and(|o| !o.allowed);
         if !groups.iter().any(|(_, g)| g.checks.iter().any(denied)) {
             return;
         }
@@ -509,7 +526,7 @@ impl RedisStore {
                 let mut inv = self.inner.refund.prepare_invoke();
                 let mut k = 0;
                 for &i in &group.checks {
-                    let c = &checks[i];
+                    let c = &ro[i];
                     let n = if c.algorithm == Algorithm::SlidingWindow {
                         2
                     } else {
@@ -541,6 +558,35 @@ impl RedisStore {
         };
         if let Some(error) = failed {
             tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
+            return;
+        }
+        // As on one slot (and in memory), the admitted checks of a refused
+        // request report what is left without it: read once more, spending
+        // nothing, now that the refund is in.
+        let rereads = groups
+            .iter()
+            .filter(|(_, g)| !g.checks.iter().any(denied))
+            .map(|(_, group)| {
+                let inv = self.batch_invocation(group, ro, now, false);
+                let mut conn = conn.clone();
+                async move {
+                    let reply = conn.invoke(&inv).await.map_err(|e| redis_error(&e))?;
+                    parse_reply(reply, group.checks.len()).map(|rows| (group, rows))
+                }
+            });
+        let Ok(rereads) = tokio::time::timeout(timeout, join_all(rereads)).await else {
+            return;
+        };
+        let mut unspent: SmallVec<[(usize, u32); 4]> = SmallVec::new();
+        for (group, rows) in rereads.into_iter().flatten() {
+            for (&i, (_, remaining, _)) in group.checks.iter().zip(rows) {
+                unspent.push((i, remaining));
+            }
+        }
+        for (i, left) in unspent {
+            if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
+                outcome.remaining = left;
+            }
         }
     }
 }
