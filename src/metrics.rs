@@ -115,12 +115,6 @@ pub struct Metrics {
     pub config_last_success: AtomicU64,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new(10_000, 128)
-    }
-}
-
 impl Metrics {
     /// Metrics with at most `max_series` label sets made from requests, each
     /// label value at most `max_label_bytes` long.

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
@@ -101,7 +101,8 @@ impl Reloader {
 
     /// Looks at the files once: reloads when they changed and read the same
     /// at the previous look. Returns whether a reload was attempted. Reads
-    /// every rule file: call it off the async runtime.
+    /// every rule file: the server calls it on a blocking thread every
+    /// `--watch-interval`.
     pub fn poll(&self) -> bool {
         let now = self.fingerprint();
         let mut settling = self.settling.lock();
@@ -117,17 +118,5 @@ impl Reloader {
         drop(settling);
         let _ = self.reload("rule files changed");
         true
-    }
-
-    /// Reloads whenever the files change, checking every `interval` on a
-    /// blocking thread (reading files must not hold up the admin runtime).
-    pub async fn watch(self: Arc<Self>, interval: Duration) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let this = self.clone();
-            let _ = tokio::task::spawn_blocking(move || this.poll()).await;
-        }
     }
 }

@@ -45,11 +45,8 @@ pub(super) fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallV
         renumbered.push(kept);
         kept += usize::from(!d);
     }
-    let mut index = 0;
-    checks.retain(|_| {
-        index += 1;
-        !dropped[index - 1]
-    });
+    let mut flags = dropped.iter();
+    checks.retain(|_| flags.next() == Some(&false));
     for p in planned.iter_mut().flatten() {
         p.check = renumbered[p.check];
     }

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -70,13 +70,12 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Calls finished so far.
     finished: AtomicU64,
-    /// Whether any call has started.
-    called: AtomicBool,
 }
 
 impl Activity {
+    /// Whether any call has started.
     fn called(&self) -> bool {
-        self.called.load(Ordering::Relaxed)
+        self.in_flight.load(Ordering::Relaxed) > 0 || self.finished.load(Ordering::Relaxed) > 0
     }
 
     /// A mark that changes whenever a call starts or ends; `None` while a
@@ -122,7 +121,6 @@ where
 
     fn call(&mut self, request: http::Request<Incoming>) -> BoxReply {
         self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.activity.called.store(true, Ordering::Relaxed);
         let guard = CallGuard(self.activity.clone());
         let call = self.inner.call(request);
         let timeout = self.request_timeout;

@@ -139,31 +139,15 @@ pub fn run(
         // State that can no longer matter is dropped every second, so memory
         // follows the active keys. The sweep walks every shard: it runs on a
         // blocking thread, away from the runtime that answers health checks.
-        let sweeper_limiter = limiter.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let limiter = sweeper_limiter.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    let now = limiter.clock().now();
-                    limiter.sweep(now)
-                })
-                .await;
-            }
-        }));
+        let sweeper = limiter.clone();
+        tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
+            sweeper.sweep(sweeper.clock().now());
+        })));
         // Renewed certificates are picked up for new connections.
         if let Some(tls) = tls.clone() {
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(TLS_RELOAD_INTERVAL);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    let tls = tls.clone();
-                    let _ = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await;
-                }
-            }));
+            tasks.push(tokio::spawn(every(TLS_RELOAD_INTERVAL, move || {
+                tls.reload_if_changed();
+            })));
         }
         // gRPC health says what /healthcheck says.
         let (health_limiter, health_state, reporter) = (limiter.clone(), health.clone(), grpc_health.clone());
@@ -180,7 +164,10 @@ pub fn run(
         }));
         if let Some((reloader, interval)) = reloader {
             if let Some(interval) = interval {
-                tasks.push(tokio::spawn(reloader.clone().watch(interval)));
+                let watcher = reloader.clone();
+                tasks.push(tokio::spawn(every(interval, move || {
+                    watcher.poll();
+                })));
             }
             #[cfg(unix)]
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -225,6 +212,20 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// Runs `work` every `interval` on a blocking thread, never two at once:
+/// the sweep walks every shard and the reloads read files, which must not
+/// hold up the runtime that answers health checks and admin requests.
+async fn every(interval: Duration, work: impl Fn() + Send + Sync + 'static) {
+    let work = Arc::new(work);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let work = work.clone();
+        let _ = tokio::task::spawn_blocking(move || work()).await;
+    }
 }
 
 async fn set_health(

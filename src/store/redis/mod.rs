@@ -577,15 +577,11 @@ impl RedisStore {
         let Ok(rereads) = tokio::time::timeout(timeout, join_all(rereads)).await else {
             return;
         };
-        let mut unspent: SmallVec<[(usize, u32); 4]> = SmallVec::new();
         for (group, rows) in rereads.into_iter().flatten() {
-            for (&i, (_, remaining, _)) in group.checks.iter().zip(rows) {
-                unspent.push((i, remaining));
-            }
-        }
-        for (i, left) in unspent {
-            if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
-                outcome.remaining = left;
+            for (&i, (_, left, _)) in group.checks.iter().zip(rows) {
+                if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
+                    outcome.remaining = left;
+                }
             }
         }
     }
