@@ -260,14 +260,7 @@ fn envoy_reaches_tollgate_over_mutual_tls() {
     let pki = common::tls::Pki::new(dir.path());
     let tollgate = Tollgate::start(
         "domain: gateway\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
-        &[
-            "--tls-cert",
-            &pki.path("server"),
-            "--tls-key",
-            &pki.key_path("server"),
-            "--tls-client-ca",
-            &pki.path("ca"),
-        ],
+        &pki.mutual_tls_args().each_ref().map(String::as_str),
     );
     let (listen, upstream, admin) = (free_port(), free_port(), free_port());
     let tls_dir = format!("{}/", dir.path().display());

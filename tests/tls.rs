@@ -128,17 +128,7 @@ fn curl(admin: SocketAddr, ca: &Path, client: Option<(&Path, &Path)>) -> u16 {
 async fn mutual_tls_on_grpc_and_admin() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(dir.path());
-    let server = Tollgate::start(
-        RULES,
-        &[
-            "--tls-cert",
-            &pki.path("server"),
-            "--tls-key",
-            &pki.key_path("server"),
-            "--tls-client-ca",
-            &pki.path("ca"),
-        ],
-    );
+    let server = Tollgate::start(RULES, &pki.mutual_tls_args().each_ref().map(String::as_str));
     let ok = tls_call(server.addr, client_config(&pki, "ca", Some("client")))
         .await
         .expect("a client with a certificate is served");

@@ -118,6 +118,18 @@ impl Pki {
         self.pem(name).display().to_string()
     }
 
+    /// `tollgate serve` arguments for mutual TLS with `server` and `ca`.
+    pub fn mutual_tls_args(&self) -> [String; 6] {
+        [
+            "--tls-cert".into(),
+            self.path("server"),
+            "--tls-key".into(),
+            self.key_path("server"),
+            "--tls-client-ca".into(),
+            self.path("ca"),
+        ]
+    }
+
     pub fn key_path(&self, name: &str) -> String {
         self.key(name).display().to_string()
     }
