@@ -34,11 +34,7 @@ fn key(i: usize) -> CounterKey {
 }
 
 fn store(c: &mut Criterion) {
-    let quota = Quota {
-        limit: u32::MAX,
-        period: 60 * NANOS_PER_SEC,
-        burst: 1,
-    };
+    let quota = Quota::new(u32::MAX, 60 * NANOS_PER_SEC, 1);
     let store = MemoryStore::new(MemoryStoreOptions::default());
     let now = 1_800_000_000 * NANOS_PER_SEC;
     let mut group = c.benchmark_group("memory_store");

@@ -14,11 +14,13 @@
 //! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
 //! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
 //! - [`metrics`]: every metric, in the Prometheus text format.
+//! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
 //! - [`settings`] and [`server`]: the command line and the process around it.
 
 pub mod admin;
 pub mod algorithm;
+pub mod calendar;
 pub mod clock;
 pub mod limiter;
 pub mod metrics;

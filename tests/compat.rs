@@ -135,9 +135,9 @@ fn every_ok_case_loads_and_matches_as_the_reference() {
                     assert!(found.is_none(), "{what}: expected no limit, got {found:?}")
                 }
                 Expect::Word(w) if w == "unlimited" => {
-                    let rule = found
-                        .unwrap_or_else(|| panic!("{what}: expected unlimited"))
-                        .rule;
+                    let found = found.unwrap_or_else(|| panic!("{what}: expected unlimited"));
+                    assert_eq!(found.rules.len(), 1, "{what}: one rate_limit");
+                    let rule = &found.rules[0];
                     assert!(
                         rule.limit.is_none(),
                         "{what}: expected unlimited, got {rule}"
@@ -150,9 +150,9 @@ fn every_ok_case_loads_and_matches_as_the_reference() {
                     name,
                     shadow_mode,
                 } => {
-                    let rule = found
-                        .unwrap_or_else(|| panic!("{what}: expected a limit"))
-                        .rule;
+                    let found = found.unwrap_or_else(|| panic!("{what}: expected a limit"));
+                    assert_eq!(found.rules.len(), 1, "{what}: one rate_limit");
+                    let rule = &found.rules[0];
                     let limit = rule
                         .limit
                         .unwrap_or_else(|| panic!("{what}: got unlimited"));

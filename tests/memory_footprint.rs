@@ -19,11 +19,7 @@ fn rss_bytes() -> u64 {
 #[test]
 fn one_million_keys_cost_at_most_100_bytes_each() {
     const KEYS: u64 = 1_000_000;
-    let quota = Quota {
-        limit: 100,
-        period: 3600 * NANOS_PER_SEC,
-        burst: 100,
-    };
+    let quota = Quota::new(100, 3600 * NANOS_PER_SEC, 100);
     let before = rss_bytes();
     let store = MemoryStore::new(MemoryStoreOptions::default());
     let now = 1_800_000_000 * NANOS_PER_SEC;

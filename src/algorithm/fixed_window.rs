@@ -1,12 +1,12 @@
-//! Fixed window: one counter per calendar window (`now / period`).
+//! Fixed window: one counter per window (multiples of the period since the
+//! epoch, or calendar windows).
 
-use super::{Outcome, Quota, State, clamp_u32, cost};
+use super::{Hits, Outcome, Quota, State, Window, clamp_u32};
 
 /// Times are in ticks (see the module docs).
-pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcome {
-    let window = now / quota.period;
-    let window_end = (window + 1).saturating_mul(quota.period);
-    let used = if state.at == window {
+pub(super) fn decide(state: State, quota: &Quota, window: Window, now: u64, hits: Hits) -> Outcome {
+    let window_end = window.end;
+    let used = if state.at == window.index {
         u64::from(state.current)
     } else {
         0
@@ -14,7 +14,7 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
     let limit = u64::from(quota.limit);
     // `cost > limit` first: a cost no window can hold is refused before any
     // sum is formed (a client sends `hits` up to u64::MAX).
-    if cost(hits) > limit || used + cost(hits) > limit {
+    if hits.cost > limit || used + hits.cost > limit {
         // Denied: the earliest admission is the next window (for a cost above
         // the limit, never; the window end is still the honest reset time).
         return Outcome {
@@ -24,14 +24,15 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
             commit: None,
         };
     }
-    let used = used + hits;
+    // A budget's charge may pass the limit (by at most the limit).
+    let used = used + hits.charge;
     Outcome {
         allowed: true,
-        remaining: clamp_u32(limit - used),
+        remaining: clamp_u32(limit.saturating_sub(used)),
         wait: window_end - now,
-        commit: (hits > 0).then(|| {
+        commit: (hits.charge > 0).then(|| {
             let next = State {
-                at: window,
+                at: window.index,
                 current: clamp_u32(used),
                 previous: 0,
             };

@@ -36,6 +36,7 @@ mod fixed_window;
 mod sliding_window;
 mod token_bucket;
 
+use crate::calendar::{Calendar, Window};
 use crate::clock::Nanos;
 
 /// Which algorithm a limit uses.
@@ -76,14 +77,16 @@ impl Algorithm {
     /// Decides `hits` against `quota` at `now`, from `state`.
     pub fn decide(self, state: State, quota: &Quota, now: Nanos, hits: u64) -> Outcome {
         let ticked = Quota {
-            limit: quota.limit,
             period: (quota.period / NANOS_PER_TICK).max(1),
             burst: quota.burst.max(1),
+            ..*quota
         };
+        let window = quota.window_at(now);
         let now = now / NANOS_PER_TICK;
+        let hits = quota.hits(hits);
         let mut out = match self {
-            Algorithm::FixedWindow => fixed_window::decide(state, &ticked, now, hits),
-            Algorithm::SlidingWindow => sliding_window::decide(state, &ticked, now, hits),
+            Algorithm::FixedWindow => fixed_window::decide(state, &ticked, window, now, hits),
+            Algorithm::SlidingWindow => sliding_window::decide(state, &ticked, window, now, hits),
             Algorithm::TokenBucket => token_bucket::decide(state, &ticked, now, hits),
         };
         out.wait = out.wait.saturating_mul(NANOS_PER_TICK);
@@ -106,10 +109,80 @@ impl std::fmt::Display for Algorithm {
 pub struct Quota {
     /// Hits per period (`requests_per_unit`). Zero refuses everything.
     pub limit: u32,
-    /// The period in nanoseconds (the unit). Never zero.
+    /// The period in nanoseconds (the unit times its multiplier). Never
+    /// zero. For a calendar quota, the nominal length (30-day months).
     pub period: Nanos,
     /// Token bucket capacity; ignored by the window algorithms. At least 1.
     pub burst: u32,
+    /// Windows on a time zone's calendar instead of multiples of `period`
+    /// since the epoch (fixed window only; rules refuse the others).
+    pub calendar: Option<Calendar>,
+    /// A usage budget: a request is admitted while anything is left, and its
+    /// whole cost is charged (see [`Hits`]).
+    pub budget: bool,
+}
+
+impl Quota {
+    /// `limit` per `period` (nanoseconds), on epoch-aligned windows.
+    pub fn new(limit: u32, period: Nanos, burst: u32) -> Self {
+        Self {
+            limit,
+            period,
+            burst,
+            calendar: None,
+            budget: false,
+        }
+    }
+
+    /// The window holding `now`, in ticks (see the module docs): the
+    /// calendar's, or the period's multiples since the epoch. Key names
+    /// carry its index; the stores pass it to the algorithms.
+    pub fn window_at(&self, now: Nanos) -> Window {
+        let now = now / NANOS_PER_TICK;
+        if let Some(calendar) = &self.calendar {
+            return calendar.window(now);
+        }
+        let period = (self.period / NANOS_PER_TICK).max(1);
+        let index = now / period;
+        let start = index * period;
+        Window {
+            index,
+            start,
+            end: start.saturating_add(period),
+        }
+    }
+
+    /// What `hits` asks of this quota: what admission needs, and what is
+    /// charged when admitted.
+    pub fn hits(&self, hits: u64) -> Hits {
+        if !self.budget {
+            return Hits {
+                cost: cost(hits),
+                charge: hits,
+            };
+        }
+        // A budget pays for work already done (a response's tokens): any
+        // balance admits, and the charge may overdraw it. A charge beyond
+        // the whole limit (or burst) is cut to it, so the debt is bounded and
+        // every sum stays exact.
+        Hits {
+            cost: 1,
+            charge: hits.min(u64::from(self.limit.max(self.burst))),
+        }
+    }
+}
+
+/// A request's hits as a limit sees them: `cost` must fit for the request to
+/// be admitted; `charge` is what admission spends. For ordinary limits the
+/// cost is the hits (at least 1: a check of zero hits asks about one) and
+/// the charge is the hits; for a budget the cost is 1 and the charge the
+/// hits, capped at the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hits {
+    /// Admission needs room for this many.
+    pub cost: u64,
+    /// Admission spends this many (0: a check).
+    pub charge: u64,
 }
 
 /// Per-key state, 16 bytes whatever the algorithm. Its meaning belongs to the
@@ -159,7 +232,7 @@ pub fn bucket_span(quota: &Quota) -> Option<u64> {
 }
 
 /// The hits used to decide admission: a check (0) asks about one hit.
-fn cost(hits: u64) -> u64 {
+pub(crate) fn cost(hits: u64) -> u64 {
     hits.max(1)
 }
 

@@ -12,7 +12,7 @@
 //! doubles, computes the same integers (see the module docs). For periods of
 //! whole seconds a step divides the period exactly.
 
-use super::{Outcome, Quota, State, clamp_u32, cost};
+use super::{Hits, Outcome, Quota, State, Window, clamp_u32};
 
 /// Most steps per window: keeps `count * steps` below 2^53 for 33-bit counts.
 const MAX_STEPS: u64 = 1 << 19;
@@ -30,11 +30,11 @@ fn steps(period: u64) -> (u64, u64) {
 }
 
 /// Times are in ticks (see the module docs).
-pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcome {
-    let period = quota.period;
-    let window = now / period;
-    let offset = now % period;
-    let window_end = (window + 1).saturating_mul(period);
+pub(super) fn decide(state: State, quota: &Quota, window: Window, now: u64, hits: Hits) -> Outcome {
+    let period = window.end - window.start;
+    let offset = now - window.start;
+    let window_end = window.end;
+    let window = window.index;
     let (step, n) = steps(period);
     let elapsed = offset / step;
     let (previous, current) = if state.at == window {
@@ -52,7 +52,7 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
     let scaled = |current: u64| previous * (n - elapsed) + current * n;
     let remaining = |current: u64| clamp_u32(limit.saturating_sub(scaled(current).div_ceil(n)));
 
-    let c = cost(hits);
+    let c = hits.cost;
     if c > limit || scaled(current + c - 1) >= limit * n {
         return Outcome {
             allowed: false,
@@ -61,12 +61,13 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
             commit: None,
         };
     }
-    let current = current + hits;
+    // A budget's charge may pass the limit (by at most the limit).
+    let current = current + hits.charge;
     Outcome {
         allowed: true,
         remaining: remaining(current),
         wait: window_end - now,
-        commit: (hits > 0).then(|| {
+        commit: (hits.charge > 0).then(|| {
             let next = State {
                 at: window,
                 current: clamp_u32(current),

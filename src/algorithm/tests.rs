@@ -8,11 +8,7 @@ use proptest::prelude::*;
 const MINUTE: Nanos = 60 * NANOS_PER_SEC;
 
 fn quota(limit: u32, period: Nanos) -> Quota {
-    Quota {
-        limit,
-        period,
-        burst: limit,
-    }
+    Quota::new(limit, period, limit)
 }
 
 /// Runs `n` single hits at `now`, committing as a store would; returns how
@@ -81,11 +77,7 @@ fn sliding_window_retry_after_is_exact() {
 #[test]
 fn token_bucket_admits_a_full_burst_then_refills_at_the_rate() {
     // 60 per minute (1/s) with a burst of 10.
-    let q = Quota {
-        limit: 60,
-        period: MINUTE,
-        burst: 10,
-    };
+    let q = Quota::new(60, MINUTE, 10);
     let mut st = State::default();
     assert_eq!(
         burst(Algorithm::TokenBucket, &mut st, &q, secs(0.0), 15),
@@ -101,11 +93,7 @@ fn token_bucket_admits_a_full_burst_then_refills_at_the_rate() {
 
 #[test]
 fn token_bucket_handles_costs_above_one() {
-    let q = Quota {
-        limit: 60,
-        period: MINUTE,
-        burst: 10,
-    };
+    let q = Quota::new(60, MINUTE, 10);
     let st = State::default();
     let eight = Algorithm::TokenBucket.decide(st, &q, 0, 8);
     assert!(eight.allowed);
@@ -225,7 +213,7 @@ proptest! {
     fn token_bucket_never_exceeds_burst_plus_refill(
         limit in 1u32..20, burst in 1u32..20, arrivals in arrivals()
     ) {
-        let q = Quota { limit, period: NANOS_PER_SEC, burst };
+        let q = Quota::new(limit, NANOS_PER_SEC, burst);
         let interval = q.period / u64::from(limit);
         let admitted = replay(Algorithm::TokenBucket, &q, &arrivals);
         for (i, &(t1, _)) in admitted.iter().enumerate() {
@@ -291,7 +279,7 @@ proptest! {
         steps in prop::collection::vec((0u64..(400 * 86_400 * NANOS_PER_SEC), any_hits()), 1..40),
     ) {
         let alg = Algorithm::ALL[alg];
-        let q = Quota { limit, period, burst };
+        let q = Quota::new(limit, period, burst);
         let mut st = State::default();
         let mut now = 1_700_000_000 * NANOS_PER_SEC;
         for (gap, hits) in steps {
@@ -325,11 +313,7 @@ proptest! {
 
 #[test]
 fn a_token_bucket_beyond_a_century_is_refused_and_clamped() {
-    let q = Quota {
-        limit: 1,
-        period: 365 * 86_400 * NANOS_PER_SEC,
-        burst: 1000,
-    };
+    let q = Quota::new(1, 365 * 86_400 * NANOS_PER_SEC, 1000);
     assert_eq!(bucket_span(&q), None, "1,000 years to refill");
     // Decided anyway (a limit sent in a request), it stays a bucket: the
     // span is clamped, so it empties and refuses instead of wrapping.

@@ -3,10 +3,10 @@
 //! interval (`period / limit`); a request is admitted while `tat` stays within
 //! `burst` intervals of now. An empty bucket refills at `limit` per period.
 
-use super::{MAX_BUCKET_SPAN, Outcome, Quota, State, clamp_u32, cost};
+use super::{Hits, MAX_BUCKET_SPAN, Outcome, Quota, State, clamp_u32};
 
 /// Times are in ticks (see the module docs).
-pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcome {
+pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: Hits) -> Outcome {
     if quota.limit == 0 {
         return Outcome {
             allowed: false,
@@ -26,7 +26,7 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
     // Past the tolerance (a rule whose burst shrank on reload) nothing is left.
     let tokens_left = |tat: u64| clamp_u32(tolerance.saturating_sub(tat - now) / interval);
 
-    let c = cost(hits);
+    let c = hits.cost;
     // A cost above the burst can never be admitted; the honest figure is then
     // the time until the bucket is full. Checked first, so `interval * c`
     // below stays within the tolerance.
@@ -47,13 +47,14 @@ pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: u64) -> Outcom
             commit: None,
         };
     }
-    let tat = tat + interval * hits;
+    // A budget's charge may overdraw the bucket (by at most the burst).
+    let tat = tat + interval * hits.charge;
     Outcome {
         allowed: true,
         remaining: tokens_left(tat),
         // Time until the bucket is full again.
         wait: tat - now,
-        commit: (hits > 0).then_some((
+        commit: (hits.charge > 0).then_some((
             State {
                 at: tat,
                 current: 0,

@@ -11,11 +11,11 @@ impl Limiter {
     /// mode. `local` ones are decided together on the in-process fallback,
     /// with the limit divided by the number of instances (rounded up, so a
     /// limit is never cut to zero).
-    pub(super) fn apply_failure_modes(&self, planned: &[Option<Planned>], checks: &mut [Check]) {
+    pub(super) fn apply_failure_modes(&self, planned: &[Planned], checks: &mut [Check]) {
         let mut local: SmallVec<[Check; 4]> = SmallVec::new();
         let mut local_of: SmallVec<[usize; 4]> = SmallVec::new();
-        for plan in planned.iter().flatten() {
-            let check = &mut checks[plan.check];
+        for (i, plan) in planned.iter().enumerate() {
+            let check = &mut checks[i];
             let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
             let allowed = mode == FailureMode::Allow;
             self.metrics.failure_mode[mode as usize]
@@ -35,14 +35,12 @@ impl Limiter {
                 let n = self.options.instances.max(1);
                 quota.limit = quota.limit.div_ceil(n);
                 quota.burst = quota.burst.div_ceil(n).max(1);
-                local.push(Check::new(
-                    check.key.clone(),
-                    check.algorithm,
+                local.push(Check {
                     quota,
-                    check.hits,
-                    check.enforced,
-                ));
-                local_of.push(plan.check);
+                    outcome: None,
+                    ..check.clone()
+                });
+                local_of.push(i);
             }
         }
         if local.is_empty() {

@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use super::Status;
+use super::{LimitStatus, Status};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.
@@ -47,10 +47,22 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
     let mut current = String::with_capacity(64);
     let mut retry: Option<Nanos> = None;
     let mut never = false;
-    for status in statuses {
-        let Some(limit) = status.limit.as_ref().filter(|l| !l.shadow) else {
+    // Every enforced limit: each descriptor's deciding one and its others.
+    let limits = statuses.iter().flat_map(|s| {
+        let decided = s
+            .limit
+            .as_ref()
+            .map(|limit| (limit, s.over_limit, s.remaining, s.reset));
+        let others = s
+            .others
+            .iter()
+            .map(|o: &LimitStatus| (&o.limit, o.over_limit, o.remaining, o.reset));
+        decided.into_iter().chain(others)
+    });
+    for (limit, over_limit, remaining, reset) in limits {
+        if limit.shadow {
             continue;
-        };
+        }
         if !policy.is_empty() {
             policy.push_str(", ");
             current.push_str(", ");
@@ -59,18 +71,12 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
         let _ = write!(
             policy,
             ";q={};w={}",
-            limit.requests_per_unit,
-            limit.unit.seconds()
+            limit.requests_per_unit, limit.window_seconds
         );
         sf_string(&mut current, &limit.policy);
-        let _ = write!(
-            current,
-            ";r={};t={}",
-            status.remaining,
-            ceil_secs(status.reset)
-        );
-        if status.over_limit {
-            retry = Some(retry.unwrap_or(0).max(status.reset));
+        let _ = write!(current, ";r={};t={}", remaining, ceil_secs(reset));
+        if over_limit {
+            retry = Some(retry.unwrap_or(0).max(reset));
             never |= limit.requests_per_unit == 0;
         }
     }

@@ -17,7 +17,9 @@ use crate::algorithm::Algorithm;
 use crate::clock::{Clock, Nanos};
 use crate::metrics::Metrics;
 use crate::rules::{FailureMode, Limit, Rule, RuleSet, Unit};
-use crate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store, StoreError};
+use crate::store::{
+    Check, CounterKey, MemoryStore, MemoryStoreOptions, Store, StoreError, refused,
+};
 use resolve::{drop_replaced, validate};
 
 pub use headers::response_headers;
@@ -58,12 +60,28 @@ pub struct LimitOverride {
 pub struct Status {
     /// Whether this descriptor is over its limit (false in shadow mode).
     pub over_limit: bool,
-    /// The limit that applied, if any.
+    /// The limit that decided, if any: of several (`rate_limits`), the one
+    /// that refused, else the one with the least left.
     pub limit: Option<AppliedLimit>,
     /// Hits left.
     pub remaining: u32,
     /// Time until the limit resets (OK) or until a request would be admitted
     /// (over the limit).
+    pub reset: Nanos,
+    /// The descriptor's other limits, when it has several; empty otherwise.
+    pub others: Vec<LimitStatus>,
+}
+
+/// One of a descriptor's several limits, as [`Status`] reports the deciding one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitStatus {
+    /// Whether this limit refused (false in shadow mode).
+    pub over_limit: bool,
+    /// The limit.
+    pub limit: AppliedLimit,
+    /// Hits left.
+    pub remaining: u32,
+    /// As [`Status::reset`].
     pub reset: Nanos,
 }
 
@@ -78,6 +96,9 @@ pub struct AppliedLimit {
     pub requests_per_unit: u32,
     /// The unit.
     pub unit: Unit,
+    /// The window in seconds (the unit times its multiplier; for a calendar
+    /// limit, the current calendar window's length).
+    pub window_seconds: u64,
     /// Shadow mode: reported, never enforced.
     pub shadow: bool,
 }
@@ -122,6 +143,8 @@ pub struct LimiterOptions {
     pub instances: u32,
     /// Global shadow mode: over-limit decisions are answered OK (and counted).
     pub shadow_mode: bool,
+    /// Global quota mode: every descriptor is in quota mode.
+    pub quota_mode: bool,
     /// Admitted hits above this share of the limit count as near the limit.
     pub near_limit_ratio: f64,
     /// The largest request a client may send (see [`RequestBounds`]).
@@ -172,6 +195,7 @@ impl Default for LimiterOptions {
             unavailable_on_store_error: false,
             instances: 1,
             shadow_mode: false,
+            quota_mode: false,
             near_limit_ratio: 0.8,
             bounds: RequestBounds::default(),
             max_metric_series: 10_000,
@@ -205,12 +229,14 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
-/// What one descriptor resolved to before the store is asked.
+/// One limit of a descriptor, resolved before the store is asked; its check
+/// is the one at the same index in [`Plan::checks`].
 pub(super) struct Planned {
+    /// The request descriptor it belongs to.
+    pub(super) descriptor: usize,
     pub(super) rule: Option<Arc<Rule>>,
     pub(super) limit: Limit,
     pub(super) shadow: bool,
-    pub(super) check: usize,
 }
 
 impl Limiter {
@@ -331,82 +357,101 @@ impl Limiter {
         decided
     }
 
-    /// Resolves every descriptor to a limit (or none) and builds the store checks.
+    /// Resolves every descriptor to its limits (or none) and builds the
+    /// store checks, one per limit.
     fn plan(&self, request: &Request<'_>) -> Result<Plan, LimitError> {
         validate(request, &self.options.bounds)?;
         let rules = self.rules.load();
         let hits_default = u64::from(request.hits_addend.max(1));
-        let mut planned: SmallVec<[Option<Planned>; 4]> = SmallVec::new();
+        let mut planned: SmallVec<[Planned; 4]> = SmallVec::new();
         let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
         let mut unlimited: SmallVec<[usize; 2]> = SmallVec::new();
         let known_domain = rules.has_domain(request.domain);
-        for descriptor in &request.descriptors {
-            let resolved = if !known_domain {
-                // As the reference: an unknown domain has no limits, even for overrides.
-                None
-            } else if let Some(o) = descriptor.limit_override {
-                let limit = Limit {
-                    requests_per_unit: o.requests_per_unit,
-                    unit: o.unit,
-                    algorithm: self.options.default_algorithm,
-                    burst: o.requests_per_unit,
-                    failure_mode: None,
-                };
-                Some((None, Some(limit), false, SmallVec::new()))
-            } else {
-                rules.lookup(request.domain, &descriptor.entries).map(|m| {
-                    (
-                        Some(m.rule.clone()),
-                        m.rule.limit,
-                        m.rule.shadow_mode,
-                        m.shared,
-                    )
-                })
-            };
-            let Some((rule, limit, shadow, shared)) = resolved else {
-                planned.push(None);
+        for (d, descriptor) in request.descriptors.iter().enumerate() {
+            // As the reference: an unknown domain has no limits, even for overrides.
+            if !known_domain {
                 continue;
-            };
-            let Some(limit) = limit else {
-                // `unlimited: true`: never counted; the reference reports the
-                // most it can as remaining.
-                unlimited.push(planned.len());
-                planned.push(None);
-                continue;
-            };
-            let mut key = CounterKey::new(request.domain, limit.algorithm, limit.unit);
-            for (i, (k, v)) in descriptor.entries.iter().enumerate() {
-                let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
-                key.entry(k, value);
             }
-            let hits = descriptor.hits_addend.unwrap_or(hits_default);
-            // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
-            let enforced = !shadow && !self.options.shadow_mode;
-            checks.push(Check::new(
-                key,
-                limit.algorithm,
-                limit.quota(),
-                hits,
-                enforced,
-            ));
-            planned.push(Some(Planned {
-                rule,
-                limit,
-                shadow,
-                check: checks.len() - 1,
-            }));
+            if let Some(o) = descriptor.limit_override {
+                // A limit sent by Envoy: per one unit, as the protocol means it.
+                let limit =
+                    Limit::per_unit(o.requests_per_unit, o.unit, self.options.default_algorithm);
+                self.plan_limit(
+                    (request, d),
+                    (None, limit, false),
+                    &[],
+                    hits_default,
+                    (&mut planned, &mut checks),
+                );
+                continue;
+            }
+            let Some(matched) = rules.lookup(request.domain, &descriptor.entries) else {
+                continue;
+            };
+            for rule in matched.rules {
+                let Some(limit) = rule.limit else {
+                    // `unlimited: true`: never counted; the reference reports the
+                    // most it can as remaining.
+                    unlimited.push(d);
+                    continue;
+                };
+                self.plan_limit(
+                    (request, d),
+                    (Some(rule.clone()), limit, rule.shadow_mode),
+                    &matched.shared,
+                    hits_default,
+                    (&mut planned, &mut checks),
+                );
+            }
         }
         drop_replaced(&mut planned, &mut checks);
         Ok(Plan {
+            descriptors: request.descriptors.len(),
             planned,
             checks,
             unlimited,
         })
     }
 
+    /// Adds one limit of descriptor `d` to the plan, with its store check.
+    fn plan_limit(
+        &self,
+        (request, d): (&Request<'_>, usize),
+        (rule, limit, shadow): (Option<Arc<Rule>>, Limit, bool),
+        shared: &[(usize, &str)],
+        hits_default: u64,
+        (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
+    ) {
+        let descriptor = &request.descriptors[d];
+        let mut key = CounterKey::with_period(
+            request.domain,
+            limit.algorithm,
+            limit.unit,
+            limit.unit_multiplier,
+            limit.calendar.map(|z| z.name()),
+        );
+        for (i, (k, v)) in descriptor.entries.iter().enumerate() {
+            let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
+            key.entry(k, value);
+        }
+        let hits = descriptor.hits_addend.unwrap_or(hits_default);
+        // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
+        let enforced = !shadow && !self.options.shadow_mode;
+        let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
+        check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
+        checks.push(check);
+        planned.push(Planned {
+            descriptor: d,
+            rule,
+            limit,
+            shadow,
+        });
+    }
+
     /// Turns the store's outcomes (or its failure) into the decision.
     fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Result<Decision, LimitError> {
         let Plan {
+            descriptors,
             planned,
             mut checks,
             unlimited,
@@ -420,39 +465,58 @@ impl Limiter {
             tracing::debug!(%err, "store failed; answering from failure modes");
             self.apply_failure_modes(&planned, &mut checks);
         }
-        let mut statuses = Vec::with_capacity(planned.len());
-        let mut over_limit = false;
-        // `unlimited` is in request order: walk it alongside.
+        let now = self.clock.now();
+        let mut statuses = Vec::with_capacity(descriptors);
+        // `planned` and `unlimited` are in request order: walk them alongside.
+        let mut limits = planned.iter().zip(checks.iter()).peekable();
         let mut unlimited = unlimited.iter().peekable();
-        for (i, plan) in planned.iter().enumerate() {
-            let Some(plan) = plan else {
-                let is_unlimited = unlimited.next_if_eq(&&i).is_some();
-                statuses.push(Status {
+        for d in 0..descriptors {
+            let mut decided: Option<((bool, bool, u32), LimitStatus)> = None;
+            let mut others = Vec::new();
+            while let Some((plan, check)) = limits.next_if(|(p, _)| p.descriptor == d) {
+                let (allowed, remaining, reset) = match check.outcome {
+                    Some(o) => (o.allowed, o.remaining, o.wait),
+                    None => (true, plan.limit.requests_per_unit, 0),
+                };
+                self.count_decision(plan, check, allowed, remaining);
+                if !allowed {
+                    self.log_refusal(plan, check, check.enforced);
+                }
+                let status = LimitStatus {
+                    over_limit: !allowed && check.enforced,
+                    limit: applied(plan, now),
+                    remaining,
+                    reset,
+                };
+                // The deciding limit: the first that refused (enforced before
+                // shadow), else the one with the least left.
+                let rank = (!status.over_limit, allowed, remaining);
+                match &decided {
+                    Some((best, _)) if *best <= rank => others.push(status),
+                    _ => others.extend(decided.replace((rank, status)).map(|(_, s)| s)),
+                }
+            }
+            let decided = decided.map(|(_, s)| s);
+            let is_unlimited = unlimited.next_if_eq(&&d).is_some();
+            statuses.push(match decided {
+                Some(s) => Status {
+                    over_limit: s.over_limit,
+                    limit: Some(s.limit),
+                    remaining: s.remaining,
+                    reset: s.reset,
+                    others,
+                },
+                None => Status {
                     over_limit: false,
                     limit: None,
                     remaining: if is_unlimited { u32::MAX } else { 0 },
                     reset: 0,
-                });
-                continue;
-            };
-            let (allowed, remaining, reset) = match checks[plan.check].outcome {
-                Some(o) => (o.allowed, o.remaining, o.wait),
-                None => (true, plan.limit.requests_per_unit, 0),
-            };
-            let check = &checks[plan.check];
-            let over = !allowed && check.enforced;
-            over_limit |= over;
-            self.count_decision(plan, check, allowed, remaining);
-            if !allowed {
-                self.log_refusal(plan, check, over);
-            }
-            statuses.push(Status {
-                over_limit: over,
-                limit: Some(applied(plan)),
-                remaining,
-                reset,
+                    others,
+                },
             });
         }
+        // The store's rule, quota mode included: what it refused, nothing spent.
+        let over_limit = refused(checks.iter());
         let headers = if self.options.response_headers {
             response_headers(&statuses, over_limit)
         } else {
@@ -468,13 +532,16 @@ impl Limiter {
 
 /// A request resolved to limits, ready for the store.
 struct Plan {
-    planned: SmallVec<[Option<Planned>; 4]>,
+    /// Descriptors in the request.
+    descriptors: usize,
+    /// One per limit, in request order; `checks` is parallel to it.
+    planned: SmallVec<[Planned; 4]>,
     checks: SmallVec<[Check; 4]>,
     /// Descriptors matched to `unlimited: true` rules, in request order.
     unlimited: SmallVec<[usize; 2]>,
 }
 
-fn applied(plan: &Planned) -> AppliedLimit {
+fn applied(plan: &Planned, now: Nanos) -> AppliedLimit {
     let (name, policy) = match &plan.rule {
         Some(rule) => (rule.reported_name.clone(), rule.policy_name.clone()),
         None => (Arc::from(""), Arc::from("override")),
@@ -484,6 +551,14 @@ fn applied(plan: &Planned) -> AppliedLimit {
         policy,
         requests_per_unit: plan.limit.requests_per_unit,
         unit: plan.limit.unit,
+        window_seconds: match plan.limit.calendar {
+            None => plan.limit.period_seconds(),
+            Some(_) => {
+                let w = plan.limit.quota().window_at(now);
+                (w.end - w.start)
+                    .div_ceil(crate::clock::NANOS_PER_SEC / crate::algorithm::NANOS_PER_TICK)
+            }
+        },
         shadow: plan.shadow,
     }
 }

@@ -8,48 +8,35 @@ use super::{LimitError, Planned, Request, RequestBounds};
 use crate::store::Check;
 
 /// `replaces`: a matched limit whose name another matched limit replaces is
-/// dropped (the descriptor is answered OK with no limit), as in the reference.
-pub(super) fn drop_replaced(planned: &mut [Option<Planned>], checks: &mut SmallVec<[Check; 4]>) {
+/// dropped (a descriptor left without limits is answered OK with no limit),
+/// as in the reference.
+pub(super) fn drop_replaced(
+    planned: &mut SmallVec<[Planned; 4]>,
+    checks: &mut SmallVec<[Check; 4]>,
+) {
     // Linear in the request: the names replaced by any matched rule, once.
     let replaced_names: HashSet<&str> = planned
         .iter()
-        .flatten()
         .filter_map(|p| p.rule.as_deref())
         .flat_map(|r| r.replaces.iter().map(String::as_str))
         .collect();
     if replaced_names.is_empty() {
         return;
     }
-    let replaced: SmallVec<[usize; 4]> = planned
+    let keep: SmallVec<[bool; 4]> = planned
         .iter()
-        .enumerate()
-        .filter(|(_, slot)| {
-            slot.as_ref()
-                .and_then(|p| p.rule.as_deref())
+        .map(|p| {
+            !p.rule
+                .as_deref()
                 .and_then(|r| r.name.as_deref())
                 .is_some_and(|name| replaced_names.contains(name))
         })
-        .map(|(i, _)| i)
         .collect();
     drop(replaced_names);
-    let mut dropped = vec![false; checks.len()];
-    for i in replaced {
-        if let Some(p) = planned[i].take() {
-            dropped[p.check] = true;
-        }
-    }
-    // Remove the dropped checks and renumber the rest.
-    let mut renumbered = Vec::with_capacity(checks.len());
-    let mut kept = 0;
-    for &d in &dropped {
-        renumbered.push(kept);
-        kept += usize::from(!d);
-    }
-    let mut flags = dropped.iter();
-    checks.retain(|_| flags.next() == Some(&false));
-    for p in planned.iter_mut().flatten() {
-        p.check = renumbered[p.check];
-    }
+    let mut flags = keep.iter();
+    planned.retain(|_| flags.next() == Some(&true));
+    let mut flags = keep.iter();
+    checks.retain(|_| flags.next() == Some(&true));
 }
 
 pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<(), LimitError> {

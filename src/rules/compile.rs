@@ -9,8 +9,7 @@ use serde_saphyr::{Location, Spanned};
 use super::file::{RawDescriptor, RawFile, RawRateLimit, parse};
 use super::glob::Glob;
 use super::matcher::{KeyRules, Level, Node};
-use super::{FailureMode, Limit, LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source, Unit};
-use crate::algorithm::Algorithm;
+use super::{LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source};
 
 /// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
 pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
@@ -23,6 +22,23 @@ pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str
         labels.push('"');
     }
     labels
+}
+
+/// Whether two limits of one descriptor cannot both exist: the same
+/// policy name (headers and metrics could not tell them apart) or the same
+/// counter.
+fn clashes(a: &Rule, b: &Rule) -> bool {
+    let counter = |r: &Rule| {
+        r.limit.map(|l| {
+            (
+                l.algorithm,
+                l.unit,
+                l.unit_multiplier,
+                l.calendar.map(|z| z.name().to_owned()),
+            )
+        })
+    };
+    a.policy_name == b.policy_name || (counter(a).is_some() && counter(a) == counter(b))
 }
 
 pub(super) struct Compiler {
@@ -142,15 +158,62 @@ impl Compiler {
             }
             let mut raw = raw;
             let rate_limit = raw.rate_limit.take();
+            let rate_limits = raw.rate_limits.take();
             let children = raw.descriptors.take().unwrap_or_default();
-            let rule = rate_limit.and_then(|rl| {
-                let rule = self.compile_rule(file, domain, (&path, &levels), &raw, rl, pos)?;
+            let limits: Vec<Spanned<RawRateLimit>> = match (rate_limit, rate_limits) {
+                (Some(_), Some(list)) => {
+                    self.errors.push(RuleError::new(
+                        file,
+                        at(&list.referenced).or(pos),
+                        format!(
+                            "'{path}' has both rate_limit and rate_limits; use rate_limit for one limit or rate_limits for several"
+                        ),
+                    ));
+                    Vec::new()
+                }
+                (Some(one), None) => vec![one],
+                (None, Some(list)) if list.value.is_empty() => {
+                    self.errors.push(RuleError::new(
+                        file,
+                        at(&list.referenced).or(pos),
+                        format!("'{path}' has an empty rate_limits list (give at least one limit)"),
+                    ));
+                    Vec::new()
+                }
+                (None, Some(list)) => list.value,
+                (None, None) => Vec::new(),
+            };
+            let several = limits.len() > 1;
+            let mut rules: smallvec::SmallVec<[Arc<Rule>; 1]> = smallvec::SmallVec::new();
+            for rl in limits {
+                let limit_pos = at(&rl.referenced).or(pos);
+                let Some(rule) =
+                    self.compile_rule(file, domain, (&path, &levels), &raw, rl, (pos, several))
+                else {
+                    continue;
+                };
+                if let Some(clash) = rules.iter().find(|r| clashes(r, &rule)) {
+                    let why = if clash.policy_name == rule.policy_name {
+                        format!(
+                            "both are called '{}'; give them distinct names",
+                            rule.policy_name
+                        )
+                    } else {
+                        "they would share one counter (same algorithm and period); drop one or change its period".to_owned()
+                    };
+                    self.errors.push(RuleError::new(
+                        file,
+                        limit_pos,
+                        format!("two limits of '{path}' clash: {why}"),
+                    ));
+                    continue;
+                }
                 let rule = Arc::new(rule);
                 self.rules.push(rule.clone());
-                Some(rule)
-            });
+                rules.push(rule);
+            }
             let mut node = Node {
-                rule,
+                rules,
                 children: Level::default(),
                 shared_pattern: share.then(|| value.clone().unwrap_or_default().into()),
             };
@@ -182,7 +245,7 @@ impl Compiler {
         (path, levels): (&str, &[String]),
         raw: &RawDescriptor,
         rl: Spanned<RawRateLimit>,
-        descriptor_pos: Option<(u32, u32)>,
+        (descriptor_pos, several): (Option<(u32, u32)>, bool),
     ) -> Option<Rule> {
         let pos = at(&rl.referenced).or(descriptor_pos);
         let rl = rl.value;
@@ -190,10 +253,20 @@ impl Compiler {
         let mut err = |pos: Option<(u32, u32)>, msg: String| {
             self.errors.push(RuleError::new(file, pos, msg));
         };
-        let name = rl.name.map(|n| n.0).filter(|n| !n.is_empty());
+        let name = rl
+            .name
+            .as_ref()
+            .map(|n| n.0.clone())
+            .filter(|n| !n.is_empty());
         let mut replaces = Vec::new();
-        for r in rl.replaces.unwrap_or_default() {
-            match r.value.name.map(|n| n.0).filter(|n| !n.is_empty()) {
+        for r in rl.replaces.iter().flatten() {
+            match r
+                .value
+                .name
+                .as_ref()
+                .map(|n| n.0.clone())
+                .filter(|n| !n.is_empty())
+            {
                 None => err(
                     at(&r.referenced).or(pos),
                     format!("'{path}' should not have an empty replaces entry (set `name:`)"),
@@ -208,155 +281,56 @@ impl Compiler {
             }
         }
 
-        let limit = if rl.unlimited.unwrap_or(false) {
-            for (field, p) in [
-                ("unit", rl.unit.as_ref().map(|s| &s.referenced)),
-                (
-                    "requests_per_unit",
-                    rl.requests_per_unit.as_ref().map(|s| &s.referenced),
-                ),
-                ("algorithm", rl.algorithm.as_ref().map(|s| &s.referenced)),
-                ("burst", rl.burst.as_ref().map(|s| &s.referenced)),
-            ] {
-                if let Some(p) = p {
-                    err(
-                        at(p).or(pos),
-                        format!(
-                            "'{path}' should not specify rate limit {field} when unlimited is true"
-                        ),
-                    );
-                }
-            }
-            None
-        } else {
-            let unit = match &rl.unit {
-                None => {
-                    err(
-                        pos,
-                        format!(
-                            "'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"
-                        ),
-                    );
-                    None
-                }
-                Some(u) => {
-                    let unit = Unit::from_name(&u.value.0);
-                    if unit.is_none() {
-                        err(
-                            at(&u.referenced).or(pos),
-                            format!(
-                                "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
-                                u.value.0
-                            ),
-                        );
-                    }
-                    unit
-                }
+        let before_limit = self.errors.len();
+        let limit = {
+            let mut report = |p: Option<(u32, u32)>, m: String| {
+                self.errors.push(RuleError::new(file, p, m));
             };
-            let requests_per_unit = rl.requests_per_unit.as_ref().map(|r| r.value.0);
-            if requests_per_unit.is_none() {
-                err(pos, format!("'{path}' rate_limit has no requests_per_unit"));
-            }
-            let algorithm = match &rl.algorithm {
-                None => Some(self.options.default_algorithm),
-                Some(a) => {
-                    let alg = Algorithm::from_name(&a.value.0);
-                    if alg.is_none() {
-                        err(
-                            at(&a.referenced).or(pos),
-                            format!(
-                                "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
-                                a.value.0
-                            ),
-                        );
-                    }
-                    alg
-                }
-            };
-            let burst = match &rl.burst {
-                None => requests_per_unit,
-                Some(b) if algorithm != Some(Algorithm::TokenBucket) => {
-                    err(
-                        at(&b.referenced).or(pos),
-                        format!(
-                            "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
-                        ),
-                    );
-                    None
-                }
-                Some(b) if b.value.0 == 0 => {
-                    err(
-                        at(&b.referenced).or(pos),
-                        format!("'{path}' burst must be at least 1"),
-                    );
-                    None
-                }
-                Some(b) => Some(b.value.0),
-            };
-            let failure_mode = match &rl.failure_mode {
-                None => Some(None),
-                Some(m) => {
-                    let mode = FailureMode::from_name(&m.value.0);
-                    if mode.is_none() {
-                        err(
-                            at(&m.referenced).or(pos),
-                            format!(
-                                "unknown failure_mode '{}' in '{path}' (expected allow, deny or local)",
-                                m.value.0
-                            ),
-                        );
-                    }
-                    mode.map(Some)
-                }
-            };
-            match (unit, requests_per_unit, algorithm, burst, failure_mode) {
-                (Some(unit), Some(rpu), Some(algorithm), Some(burst), Some(failure_mode)) => {
-                    let limit = Limit {
-                        requests_per_unit: rpu,
-                        unit,
-                        algorithm,
-                        burst: burst.max(1),
-                        failure_mode,
-                    };
-                    // A bucket that takes centuries to refill would overflow the
-                    // stores' arithmetic; no one means it.
-                    if algorithm == Algorithm::TokenBucket
-                        && crate::algorithm::bucket_span(&limit.quota()).is_none()
-                    {
-                        err(
-                            rl.burst.as_ref().and_then(|b| at(&b.referenced)).or(pos),
-                            format!(
-                                "'{path}' burst {} at {rpu} per {} takes more than 100 years to refill; lower the burst or raise requests_per_unit",
-                                limit.burst,
-                                unit.name()
-                            ),
-                        );
-                        None
-                    } else {
-                        Some(limit)
-                    }
-                }
-                _ => None,
-            }
+            super::limit::compile(&rl, path, pos, &self.options, &mut report)
         };
+        if limit.is_none() && self.errors.len() == before_limit && several {
+            self.errors.push(RuleError::new(
+                file,
+                pos,
+                format!("'{path}' has `unlimited: true` in rate_limits; an unlimited descriptor has one `rate_limit: {{unlimited: true}}`"),
+            ));
+        }
         if self.errors.len() > before {
             return None;
+        }
+        let mut metric_labels = metric_labels(domain, levels.iter().map(String::as_str));
+        // One of several limits: told apart by its name, else its period.
+        let policy_name = match (&name, &limit) {
+            (Some(name), _) => name.clone(),
+            (None, Some(limit)) if several => format!("{path}/{}", limit.period_name()),
+            (None, _) => path.to_owned(),
+        };
+        if several {
+            let label = name
+                .clone()
+                .or_else(|| limit.map(|l| l.period_name()))
+                .unwrap_or_default();
+            metric_labels.push_str(",limit=\"");
+            crate::metrics::label_value(&mut metric_labels, &label);
+            metric_labels.push('"');
         }
         Some(Rule {
             path: path.to_owned(),
             reported_name: name.as_deref().unwrap_or("").into(),
-            policy_name: name.as_deref().unwrap_or(path).into(),
+            policy_name: policy_name.into(),
             name,
             limit,
             shadow_mode: raw.shadow_mode.unwrap_or(false),
+            quota_mode: raw.quota_mode.unwrap_or(false),
             replaces,
             detailed_metric: raw.detailed_metric.unwrap_or(false),
             value_to_metric: raw.value_to_metric.unwrap_or(false),
             source: Source {
                 file: file.clone(),
-                line: descriptor_pos.map_or(0, |p| p.0),
+                // Each of several limits at its own line.
+                line: if several { pos } else { descriptor_pos }.map_or(0, |p| p.0),
             },
-            metric_labels: metric_labels(domain, levels.iter().map(String::as_str)),
+            metric_labels,
             stats: std::sync::OnceLock::new(),
         })
     }

@@ -1,5 +1,5 @@
 //! The rule file as written: the envoyproxy/ratelimit YAML format plus
-//! Tollgate's optional fields inside `rate_limit`. Unknown keys are refused
+//! Tollgate's optional fields inside `rate_limit` and the `rate_limits` list. Unknown keys are refused
 //! (`deny_unknown_fields`), and every node that a later check may complain
 //! about keeps its line and column (`Spanned`).
 
@@ -22,14 +22,13 @@ pub(crate) struct RawDescriptor {
     pub(crate) key: Option<Text>,
     pub(crate) value: Option<Text>,
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+    // Tollgate's: several limits on one descriptor, all enforced together.
+    pub(crate) rate_limits: Option<Spanned<Vec<Spanned<RawRateLimit>>>>,
     pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
     pub(crate) shadow_mode: Option<bool>,
     pub(crate) detailed_metric: Option<bool>,
     pub(crate) value_to_metric: Option<bool>,
     pub(crate) share_threshold: Option<bool>,
-    // The reference's quota mode (report instead of enforce for some
-    // descriptors) has no equivalent here yet; accepted so its files load.
-    #[allow(dead_code)]
     pub(crate) quota_mode: Option<bool>,
     // Free-form in the reference; accepted and not interpreted.
     #[allow(dead_code)]
@@ -49,6 +48,10 @@ pub(crate) struct RawRateLimit {
     pub(crate) algorithm: Option<Spanned<Text>>,
     pub(crate) burst: Option<Spanned<Count>>,
     pub(crate) failure_mode: Option<Spanned<Text>>,
+    pub(crate) unit_multiplier: Option<Spanned<Count>>,
+    pub(crate) calendar: Option<Spanned<bool>>,
+    pub(crate) time_zone: Option<Spanned<Text>>,
+    pub(crate) budget: Option<Spanned<bool>>,
 }
 
 /// An entry of `replaces`.

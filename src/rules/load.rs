@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use super::compile::Compiler;
 use super::{RuleError, RuleErrors, RuleSet};
 use crate::algorithm::Algorithm;
+use crate::calendar::Zone;
 
 /// How a rule set is built.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +18,8 @@ pub struct LoadOptions {
     pub merge_domains: bool,
     /// The algorithm for limits that do not name one.
     pub default_algorithm: Algorithm,
+    /// The time zone of calendar limits that do not name one (`--time-zone`).
+    pub time_zone: &'static Zone,
 }
 
 impl Default for LoadOptions {
@@ -24,6 +27,7 @@ impl Default for LoadOptions {
         Self {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindow,
+            time_zone: Zone::get("UTC").expect("UTC is in the bundled time zone database"),
         }
     }
 }

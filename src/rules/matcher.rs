@@ -28,26 +28,28 @@ pub(crate) struct KeyRules {
 /// One descriptor of a rule file.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Node {
-    /// The rule, when the descriptor has a `rate_limit`.
-    pub(crate) rule: Option<Arc<Rule>>,
+    /// The descriptor's limits: one for `rate_limit`, several for
+    /// `rate_limits`, none without either.
+    pub(crate) rules: SmallVec<[Arc<Rule>; 1]>,
     pub(crate) children: Level,
     /// `share_threshold` on a wildcard: every matching value shares one
     /// counter, keyed by the pattern.
     pub(crate) shared_pattern: Option<Box<str>>,
 }
 
-/// The rule a descriptor matched, and the entries whose counter key uses the
-/// wildcard pattern instead of the value (`share_threshold`).
+/// The rules a descriptor matched (one per limit of the descriptor), and the
+/// entries whose counter key uses the wildcard pattern instead of the value
+/// (`share_threshold`).
 #[derive(Debug)]
 pub struct Matched<'a> {
-    /// The rule.
-    pub rule: &'a Arc<Rule>,
+    /// The rules, never empty: all of them must admit a request.
+    pub rules: &'a [Arc<Rule>],
     /// `(entry index, pattern)` for shared wildcard entries; usually empty.
     pub shared: SmallVec<[(usize, &'a str); 1]>,
 }
 
 impl RuleSet {
-    /// The rule for one request descriptor (its entries in order), if any.
+    /// The rules for one request descriptor (its entries in order), if any.
     pub fn lookup<'a>(&'a self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched<'a>> {
         let mut level = self.domains.get(domain)?;
         let mut shared = SmallVec::new();
@@ -68,7 +70,10 @@ impl RuleSet {
                 shared.push((i, &**pattern));
             }
             if i + 1 == entries.len() {
-                return node.rule.as_ref().map(|rule| Matched { rule, shared });
+                return (!node.rules.is_empty()).then_some(Matched {
+                    rules: &node.rules,
+                    shared,
+                });
             }
             if node.children.keys.is_empty() {
                 return None;

@@ -6,6 +6,7 @@ mod compile;
 mod error;
 mod file;
 mod glob;
+mod limit;
 mod load;
 mod matcher;
 
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::algorithm::Algorithm;
+use crate::calendar::{Calendar, CalendarUnit, Zone};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 pub(crate) use compile::metric_labels;
@@ -83,6 +85,17 @@ impl Unit {
         }
     }
 
+    /// The calendar unit of the same name (day, week, month, year), if any.
+    pub fn calendar_unit(self) -> Option<CalendarUnit> {
+        match self {
+            Unit::Day => Some(CalendarUnit::Day),
+            Unit::Week => Some(CalendarUnit::Week),
+            Unit::Month => Some(CalendarUnit::Month),
+            Unit::Year => Some(CalendarUnit::Year),
+            Unit::Second | Unit::Minute | Unit::Hour => None,
+        }
+    }
+
     /// Parses a unit name case-insensitively, as the reference does.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL
@@ -123,28 +136,80 @@ impl FailureMode {
     }
 }
 
-/// A counted limit: `requests_per_unit` per `unit`, decided by `algorithm`.
+/// A counted limit: `requests_per_unit` per `unit_multiplier` `unit`s,
+/// decided by `algorithm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {
-    /// Hits allowed per unit.
+    /// Hits allowed per period.
     pub requests_per_unit: u32,
-    /// The window (or refill period).
+    /// The window (or refill period) unit.
     pub unit: Unit,
+    /// Units per period (`unit_multiplier`, at least 1).
+    pub unit_multiplier: u32,
+    /// Windows on this zone's calendar (`calendar: true`), else multiples of
+    /// the period since the epoch.
+    pub calendar: Option<&'static Zone>,
     /// The algorithm that decides it.
     pub algorithm: Algorithm,
     /// Token bucket capacity (defaults to `requests_per_unit`).
     pub burst: u32,
     /// What to do when the store fails; `None` uses the server default.
     pub failure_mode: Option<FailureMode>,
+    /// A usage budget: admitted while anything is left, charged in full.
+    pub budget: bool,
 }
 
+/// The longest period a limit may have: beyond it the stores' exact
+/// arithmetic would not hold (see [`crate::algorithm`]).
+pub const MAX_PERIOD_SECONDS: u64 = 100 * 365 * 86_400;
+
 impl Limit {
+    /// `requests_per_unit` per one `unit`, the reference's kind of limit.
+    pub fn per_unit(requests_per_unit: u32, unit: Unit, algorithm: Algorithm) -> Self {
+        Self {
+            requests_per_unit,
+            unit,
+            unit_multiplier: 1,
+            calendar: None,
+            algorithm,
+            burst: requests_per_unit,
+            failure_mode: None,
+            budget: false,
+        }
+    }
+
     /// The algorithm's view of this limit.
     pub fn quota(&self) -> crate::algorithm::Quota {
         crate::algorithm::Quota {
             limit: self.requests_per_unit,
-            period: self.unit.nanos(),
+            period: self.period_seconds() * NANOS_PER_SEC,
             burst: self.burst.max(1),
+            calendar: self.calendar.and_then(|zone| {
+                Some(Calendar {
+                    unit: self.unit.calendar_unit()?,
+                    every: self.unit_multiplier.max(1),
+                    zone,
+                })
+            }),
+            budget: self.budget,
+        }
+    }
+
+    /// The period in seconds (nominal for calendar limits: 30-day months).
+    pub fn period_seconds(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.unit_multiplier.max(1))
+    }
+
+    /// The period as people read it and as Redis key names carry it:
+    /// `minute`, `5minute`, `month@Europe/Berlin`.
+    pub fn period_name(&self) -> String {
+        let unit = match self.unit_multiplier {
+            0 | 1 => self.unit.name().to_owned(),
+            n => format!("{n}{}", self.unit.name()),
+        };
+        match self.calendar {
+            Some(zone) => format!("{unit}@{}", zone.name()),
+            None => unit,
         }
     }
 }
@@ -165,6 +230,9 @@ pub struct Rule {
     pub limit: Option<Limit>,
     /// Over-limit decisions are reported as OK.
     pub shadow_mode: bool,
+    /// The reference's quota mode: this descriptor refuses a request only
+    /// together with every other quota-mode descriptor of it.
+    pub quota_mode: bool,
     /// Names of the limits this one replaces when both match a request.
     pub replaces: Vec<String>,
     /// The reference's `detailed_metric`: metrics carry descriptor values.
@@ -224,11 +292,14 @@ impl fmt::Display for Rule {
                     f,
                     "{} per {} ({}",
                     l.requests_per_unit,
-                    l.unit.name(),
+                    l.period_name(),
                     l.algorithm
                 )?;
                 if l.algorithm == Algorithm::TokenBucket {
                     write!(f, ", burst {}", l.burst)?;
+                }
+                if l.budget {
+                    f.write_str(", budget")?;
                 }
                 if let Some(mode) = l.failure_mode {
                     write!(f, ", failure_mode {}", mode.name())?;
@@ -244,6 +315,9 @@ impl fmt::Display for Rule {
         }
         if self.shadow_mode {
             f.write_str(", shadow mode")?;
+        }
+        if self.quota_mode {
+            f.write_str(", quota mode")?;
         }
         write!(f, "  [{}:{}]", self.source.file.display(), self.source.line)
     }

@@ -12,7 +12,7 @@ fn load(text: &str) -> Result<RuleSet, RuleErrors> {
 fn limit_of(rules: &RuleSet, entries: &[(&str, &str)]) -> Option<u32> {
     rules
         .lookup("d", entries)
-        .and_then(|m| m.rule.limit)
+        .and_then(|m| m.rules[0].limit)
         .map(|l| l.requests_per_unit)
 }
 
@@ -80,7 +80,7 @@ descriptors:
     .expect("loads");
     let limit = rules
         .lookup("d", &[("k", "v")])
-        .and_then(|m| m.rule.limit)
+        .and_then(|m| m.rules[0].limit)
         .expect("limit");
     assert_eq!(limit.algorithm, crate::algorithm::Algorithm::TokenBucket);
     assert_eq!((limit.burst, limit.unit), (20, Unit::Minute));
@@ -129,7 +129,7 @@ fn default_algorithm_comes_from_the_options() {
     let rules = load_sources(&[(PathBuf::from("a.yaml"), text.into())], &options).expect("loads");
     let limit = rules
         .lookup("d", &[("k", "v")])
-        .and_then(|m| m.rule.limit)
+        .and_then(|m| m.rules[0].limit)
         .expect("limit");
     assert_eq!(limit.algorithm, crate::algorithm::Algorithm::FixedWindow);
 }

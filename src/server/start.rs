@@ -38,6 +38,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         unavailable_on_store_error: args.on_store_error == OnStoreError::Unavailable,
         instances: args.instances,
         shadow_mode: args.shadow_mode,
+        quota_mode: args.quota_mode,
         near_limit_ratio: args.near_limit_ratio,
         bounds: crate::limiter::RequestBounds {
             descriptors: args.max_descriptors,

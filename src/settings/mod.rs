@@ -12,6 +12,7 @@ mod reference;
 pub use reference::{RedisUrl, unknown_env};
 
 use crate::algorithm::Algorithm;
+use crate::calendar::Zone;
 use crate::rules::{FailureMode, LoadOptions};
 
 /// Tollgate: a rate limit service for Envoy.
@@ -213,6 +214,17 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
 
+    /// Treat every descriptor as `quota_mode: true`: a request is refused
+    /// only when all of its limited descriptors are over (the reference's
+    /// QUOTA_MODE=true is also honoured).
+    #[arg(long, env = "TOLLGATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+
+    /// Time zone of calendar limits that do not set `time_zone` (an IANA
+    /// name such as Europe/Berlin).
+    #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
+    pub time_zone: &'static Zone,
+
     /// Admitted hits above this share of a limit count as near the limit.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
@@ -252,6 +264,13 @@ pub struct CheckArgs {
     /// Algorithm for limits that do not name one.
     #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM", value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
     pub default_algorithm: AlgorithmArg,
+    /// Time zone of calendar limits that do not set `time_zone`.
+    #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
+    pub time_zone: &'static Zone,
+}
+
+fn parse_zone(name: &str) -> Result<&'static Zone, String> {
+    Zone::get(name)
 }
 
 /// `on` or `off`.
@@ -392,6 +411,7 @@ impl ServeArgs {
         LoadOptions {
             merge_domains: self.merge_domains || reference_merge_domains(),
             default_algorithm: self.default_algorithm.into(),
+            time_zone: self.time_zone,
         }
     }
 }
@@ -402,6 +422,7 @@ impl CheckArgs {
         LoadOptions {
             merge_domains: self.merge_domains || reference_merge_domains(),
             default_algorithm: self.default_algorithm.into(),
+            time_zone: self.time_zone,
         }
     }
 }

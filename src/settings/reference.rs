@@ -214,6 +214,16 @@ impl ServeArgs {
                 "SHADOW_MODE",
             )?;
         }
+        if let Some(on) = truthy("QUOTA_MODE")? {
+            let explicit = explicit("quota_mode");
+            adopt(
+                &mut self.quota_mode,
+                on,
+                explicit,
+                "quota-mode",
+                "QUOTA_MODE",
+            )?;
+        }
         if let Some(ratio) = env("NEAR_LIMIT_RATIO") {
             let ratio: f64 = ratio
                 .parse()

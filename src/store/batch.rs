@@ -23,6 +23,9 @@ pub struct Check {
     pub hits: u64,
     /// Whether a denial blocks the request (false in shadow mode).
     pub enforced: bool,
+    /// The reference's quota mode: an enforced denial blocks the request
+    /// only when every quota-mode check of the request is denied.
+    pub quota_mode: bool,
     /// The answer, filled in by the store.
     pub outcome: Option<Outcome>,
 }
@@ -42,9 +45,33 @@ impl Check {
             quota,
             hits,
             enforced,
+            quota_mode: false,
             outcome: None,
         }
     }
+
+    /// What admission spends on this counter (the hits, or a budget's
+    /// capped charge).
+    pub fn charge(&self) -> u64 {
+        self.quota.hits(self.hits).charge
+    }
+}
+
+/// Whether decided `checks` refuse their request: an enforced check is
+/// denied, or every enforced quota-mode check is (the reference's rule:
+/// quota-mode descriptors refuse together).
+pub fn refused<'a>(checks: impl IntoIterator<Item = &'a Check>) -> bool {
+    let (mut quota, mut quota_denied) = (0usize, 0usize);
+    for check in checks.into_iter().filter(|c| c.enforced) {
+        let denied = check.outcome.is_some_and(|o| !o.allowed);
+        if check.quota_mode {
+            quota += 1;
+            quota_denied += usize::from(denied);
+        } else if denied {
+            return true;
+        }
+    }
+    quota > 0 && quota == quota_denied
 }
 
 /// Decides `checks` from `states` (one per check, as currently stored) and
@@ -55,7 +82,6 @@ pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commi
     // The counter's state after each check: what it committed, or what it
     // saw when it changed nothing (a denial, a check of zero hits).
     let mut after: smallvec::SmallVec<[State; 4]> = smallvec::SmallVec::with_capacity(checks.len());
-    let mut blocked = false;
     let earlier = earlier_checks(checks);
     for i in 0..checks.len() {
         // An earlier check of the same counter in this request sees through,
@@ -63,12 +89,11 @@ pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commi
         let state = earlier[i].map_or(states[i], |j| after[j]);
         let check = &mut checks[i];
         let outcome = check.algorithm.decide(state, &check.quota, now, check.hits);
-        blocked |= check.enforced && !outcome.allowed;
         pending[i] = outcome.commit;
         after.push(outcome.commit.map_or(state, |(s, _)| s));
         check.outcome = Some(outcome);
     }
-    if blocked {
+    if refused(checks.iter()) {
         // Nothing is spent: report what is left without this request's hits.
         for (check, state) in checks.iter_mut().zip(states) {
             if let Some(outcome) = check.outcome.as_mut().filter(|o| o.allowed) {

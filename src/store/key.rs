@@ -1,5 +1,6 @@
-//! Counter identity: the domain, the algorithm, the unit and the descriptor's
-//! entries, in one canonical byte string. The memory store keeps only a hash of
+//! Counter identity: the domain, the algorithm, the period (unit, multiplier
+//! and calendar zone) and the descriptor's entries, in one canonical byte
+//! string. The memory store keeps only a hash of
 //! it (and looks at the bytes when two keys collide); the algorithm and unit
 //! are part of it because their states are not interchangeable, while the
 //! number of requests is not, so a reload that only changes a number keeps
@@ -20,12 +21,27 @@ pub struct CounterKey {
 // Separators that cannot be confused with each other: a value containing one
 // is still unambiguous because every field is length-prefixed.
 impl CounterKey {
-    /// Starts a key for `domain` under `algorithm` and `unit`.
+    /// Starts a key for `domain` under `algorithm`, per one `unit`.
     pub fn new(domain: &str, algorithm: Algorithm, unit: Unit) -> Self {
+        Self::with_period(domain, algorithm, unit, 1, None)
+    }
+
+    /// Starts a key for `domain` under `algorithm`, per `every` `unit`s,
+    /// on the calendar of `zone` when given.
+    pub fn with_period(
+        domain: &str,
+        algorithm: Algorithm,
+        unit: Unit,
+        every: u32,
+        zone: Option<&str>,
+    ) -> Self {
         let mut key = CounterKey::default();
         key.push(domain.as_bytes());
         key.bytes.push(algorithm as u8);
         key.bytes.push(unit as u8);
+        key.bytes.extend_from_slice(&every.to_le_bytes());
+        // Empty for epoch-aligned periods; no IANA name is empty.
+        key.push(zone.unwrap_or("").as_bytes());
         key
     }
 
@@ -50,16 +66,18 @@ impl CounterKey {
     pub fn parts(&self) -> KeyParts<'_> {
         let mut rest = self.as_bytes();
         let domain = take_field(&mut rest).unwrap_or_default();
-        let (algorithm, unit) = match rest {
-            [a, u, tail @ ..] => {
+        let (algorithm, unit, every) = match rest {
+            [a, u, e0, e1, e2, e3, tail @ ..] => {
                 rest = tail;
                 (
                     Algorithm::ALL.get(usize::from(*a)).copied(),
                     Unit::ALL.get(usize::from(*u)).copied(),
+                    u32::from_le_bytes([*e0, *e1, *e2, *e3]),
                 )
             }
-            _ => (None, None),
+            _ => (None, None, 1),
         };
+        let zone = take_field(&mut rest).filter(|z| !z.is_empty());
         let mut entries = SmallVec::new();
         while let (Some(k), Some(v)) = (take_field(&mut rest), take_field(&mut rest)) {
             entries.push((k, v));
@@ -68,6 +86,8 @@ impl CounterKey {
             domain,
             algorithm: algorithm.unwrap_or(Algorithm::SlidingWindow),
             unit: unit.unwrap_or(Unit::Second),
+            every,
+            zone,
             entries,
         }
     }
@@ -93,6 +113,10 @@ pub struct KeyParts<'a> {
     pub algorithm: Algorithm,
     /// The unit.
     pub unit: Unit,
+    /// Units per period.
+    pub every: u32,
+    /// The calendar's time zone, for calendar periods.
+    pub zone: Option<&'a str>,
     /// The descriptor entries (with shared wildcard values already substituted).
     pub entries: SmallVec<[(&'a str, &'a str); 4]>,
 }
@@ -103,15 +127,18 @@ mod tests {
 
     #[test]
     fn parts_read_back_what_was_written() {
-        let mut key = CounterKey::new("api", Algorithm::TokenBucket, Unit::Week);
+        let mut key =
+            CounterKey::with_period("api", Algorithm::TokenBucket, Unit::Week, 3, Some("UTC"));
         key.entry("user", "a|b=c");
         key.entry("", "");
         let parts = key.parts();
         assert_eq!(parts.domain, "api");
         assert_eq!(
-            (parts.algorithm, parts.unit),
-            (Algorithm::TokenBucket, Unit::Week)
+            (parts.algorithm, parts.unit, parts.every, parts.zone),
+            (Algorithm::TokenBucket, Unit::Week, 3, Some("UTC"))
         );
+        let plain = CounterKey::new("api", Algorithm::TokenBucket, Unit::Week);
+        assert_eq!((plain.parts().every, plain.parts().zone), (1, None));
         assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
     }
 }

@@ -7,7 +7,7 @@ mod key;
 pub mod memory;
 pub mod redis;
 
-pub use batch::{Check, Commits, decide_batch};
+pub use batch::{Check, Commits, decide_batch, refused};
 pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
 

@@ -14,11 +14,7 @@ fn check(name: &str, limit: u32) -> Check {
     Check::new(
         key(name),
         Algorithm::FixedWindow,
-        Quota {
-            limit,
-            period: 60 * SEC,
-            burst: limit,
-        },
+        Quota::new(limit, 60 * SEC, limit),
         1,
         true,
     )

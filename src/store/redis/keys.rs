@@ -2,8 +2,10 @@
 //!
 //! `tollgate:{api|user=ann|org=acme}:sw:minute:29512345`: the prefix, then the
 //! descriptor in a hash tag (so every key of one descriptor lives in one
-//! Cluster slot), the algorithm, the unit and, for the windows, the window
-//! number.
+//! Cluster slot, whatever its limits), the algorithm, the period and, for the
+//! windows, the window number. The period is the unit (`minute`), a multiple
+//! (`5minute`) or a calendar (`month@Europe/Berlin`, `3month@UTC`), whose
+//! windows are numbered consecutively (months since year 0, say).
 //!
 //! The encoding is injective: in the domain, keys and values, `%` and the
 //! characters that structure the name (`|`, `=`, `{`, `}`) are
@@ -12,12 +14,12 @@
 //! The prefix may not contain braces (checked when the store is built).
 
 use crate::algorithm::Algorithm;
-use crate::clock::Nanos;
 use crate::store::CounterKey;
 
-/// The Redis keys of one check: one, or two for the sliding window (current
-/// window first).
-pub(super) fn key_names(prefix: &str, key: &CounterKey, now: Nanos) -> ([String; 2], usize) {
+/// The Redis keys of one check in window `window` (see
+/// [`crate::algorithm::Quota::window_at`]): one, or two for the sliding
+/// window (current window first).
+pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String; 2], usize) {
     let parts = key.parts();
     let mut base = String::with_capacity(64);
     base.push_str(prefix);
@@ -31,8 +33,12 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, now: Nanos) -> ([String;
     }
     base.push('}');
     let code = algorithm_code(parts.algorithm);
-    let unit = parts.unit.name();
-    let window = now / parts.unit.nanos();
+    let unit = match (parts.every, parts.zone) {
+        (1, None) => parts.unit.name().to_owned(),
+        (every, None) => format!("{every}{}", parts.unit.name()),
+        (1, Some(zone)) => format!("{}@{zone}", parts.unit.name()),
+        (every, Some(zone)) => format!("{every}{}@{zone}", parts.unit.name()),
+    };
     match parts.algorithm {
         Algorithm::FixedWindow => ([format!("{base}:{code}:{unit}:{window}"), String::new()], 1),
         Algorithm::SlidingWindow => (
@@ -89,7 +95,7 @@ mod tests {
     fn names_are_readable_and_share_a_slot() {
         let mut key = CounterKey::new("api", Algorithm::SlidingWindow, Unit::Minute);
         key.entry("user", "ann");
-        let ([current, previous], n) = key_names("tollgate:", &key, 120 * 1_000_000_000);
+        let ([current, previous], n) = key_names("tollgate:", &key, 2);
         assert_eq!(n, 2);
         assert_eq!(current, "tollgate:{api|user=ann}:sw:minute:2");
         assert_eq!(previous, "tollgate:{api|user=ann}:sw:minute:1");

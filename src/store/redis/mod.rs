@@ -32,8 +32,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 use smallvec::SmallVec;
 
-use super::{Check, StoreError};
+use super::{Check, StoreError, refused};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
+use crate::calendar::Window;
 use crate::clock::Nanos;
 use keys::{key_names, script_code};
 pub use over_limit::OverLimitCache;
@@ -198,6 +199,23 @@ thread_local! {
 struct Group {
     checks: SmallVec<[usize; 4]>,
     keys: SmallVec<[String; 4]>,
+    /// Each check's window, in ticks (the scripts take the caller's windows).
+    windows: SmallVec<[Window; 4]>,
+    /// Every enforced quota-mode check of the request is in this group, so
+    /// the script can apply the quota-mode rule itself.
+    quota_here: bool,
+}
+
+impl Group {
+    /// Whether the script refused (and so committed nothing) for this group.
+    fn refused_here(&self, checks: &[Check]) -> bool {
+        let mine = self.checks.iter().map(|&i| &checks[i]);
+        if self.quota_here {
+            refused(mine)
+        } else {
+            refused(mine.filter(|c| !c.quota_mode))
+        }
+    }
 }
 
 impl RedisStore {
@@ -425,7 +443,8 @@ impl RedisStore {
         let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
         let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
-            let (names, n) = key_names(&self.inner.options.prefix, &check.key, now);
+            let window = check.quota.window_at(now);
+            let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
             let slot = if cluster {
                 Slot::for_key(&names[0])
             } else {
@@ -439,13 +458,24 @@ impl RedisStore {
                         Group {
                             checks: SmallVec::new(),
                             keys: SmallVec::new(),
+                            windows: SmallVec::new(),
+                            quota_here: false,
                         },
                     ));
                     &mut groups.last_mut().expect("just pushed").1
                 }
             };
             group.checks.push(i);
+            group.windows.push(window);
             group.keys.extend(names.into_iter().take(n));
+        }
+        let ro: &[Check] = checks;
+        for (_, group) in &mut groups {
+            let is_quota = |i: &usize| ro[*i].enforced && ro[*i].quota_mode;
+            let quota_elsewhere = (0..ro.len())
+                .filter(is_quota)
+                .any(|i| !group.checks.contains(&i));
+            group.quota_here = !quota_elsewhere;
         }
         let conn = self.conn().await?;
         let calls = groups.iter().map(|(_, group)| {
@@ -484,14 +514,29 @@ impl RedisStore {
             inv.key(key.as_str());
         }
         inv.arg(now / NANOS_PER_TICK);
-        for &i in &group.checks {
+        for (&i, window) in group.checks.iter().zip(&group.windows) {
             let c = &checks[i];
+            let (a, b) = match c.algorithm {
+                Algorithm::TokenBucket => (
+                    (c.quota.period / NANOS_PER_TICK).max(1),
+                    u64::from(c.quota.burst.max(1)),
+                ),
+                _ => (window.start, window.end),
+            };
+            let hits = c.quota.hits(if spend { c.hits } else { 0 });
+            let enforcement = match (c.enforced, c.quota_mode) {
+                (false, _) => "0",
+                (true, false) => "1",
+                (true, true) if group.quota_here => "q",
+                (true, true) => "Q",
+            };
             inv.arg(script_code(c.algorithm))
                 .arg(c.quota.limit)
-                .arg((c.quota.period / NANOS_PER_TICK).max(1))
-                .arg(c.quota.burst.max(1))
-                .arg(if spend { c.hits } else { 0 })
-                .arg(if c.enforced { "1" } else { "0" });
+                .arg(a)
+                .arg(b)
+                .arg(hits.cost)
+                .arg(hits.charge)
+                .arg(enforcement);
         }
         inv
     }
@@ -508,8 +553,10 @@ impl RedisStore {
         now: Nanos,
     ) {
         let ro: &[Check] = checks;
-        let denied = |i: &usize| ro[*i].enforced && ro[*i].outcome.is_some_and(|o| !o.allowed);
-        if !groups.iter().any(|(_, g)| g.checks.iter().any(denied)) {
+        // A group refused on its own (and wrote nothing) only when the whole
+        // request is refused (see `Group::quota_here`), so nothing needs
+        // undoing unless the request is refused.
+        if !refused(ro.iter()) {
             return;
         }
         let conn = match self.conn().await {
@@ -521,7 +568,7 @@ impl RedisStore {
         };
         let refunds = groups
             .iter()
-            .filter(|(_, g)| !g.checks.iter().any(denied))
+            .filter(|(_, g)| !g.refused_here(ro))
             .map(|(_, group)| {
                 let mut inv = self.inner.refund.prepare_invoke();
                 let mut k = 0;
@@ -537,7 +584,7 @@ impl RedisStore {
                     }
                     k += n;
                     let committed = if c.outcome.is_some_and(|o| o.allowed) {
-                        c.hits
+                        c.charge()
                     } else {
                         0
                     };
@@ -565,7 +612,7 @@ impl RedisStore {
         // nothing, now that the refund is in.
         let rereads = groups
             .iter()
-            .filter(|(_, g)| !g.checks.iter().any(denied))
+            .filter(|(_, g)| !g.refused_here(ro))
             .map(|(_, group)| {
                 let inv = self.batch_invocation(group, ro, now, false);
                 let mut conn = conn.clone();

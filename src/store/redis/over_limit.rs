@@ -41,7 +41,8 @@ impl OverLimitCache {
     /// remaining unknown and reported as the full limit) and returns true.
     pub fn answer(&self, checks: &mut [Check], now: Nanos) -> bool {
         let blocked = checks.iter().enumerate().find_map(|(i, c)| {
-            if !c.enforced {
+            // A quota-mode refusal alone refuses nothing.
+            if !c.enforced || c.quota_mode {
                 return None;
             }
             let until = *self.shard(id(c)).lock().get(&id(c))?;
@@ -63,7 +64,10 @@ impl OverLimitCache {
 
     /// Remembers the enforced single-hit denials among decided `checks`.
     pub fn remember(&self, checks: &[Check], now: Nanos) {
-        for check in checks.iter().filter(|c| c.enforced && c.hits <= 1) {
+        for check in checks
+            .iter()
+            .filter(|c| c.enforced && !c.quota_mode && c.hits <= 1)
+        {
             let Some(outcome) = check.outcome.filter(|o| !o.allowed) else {
                 continue;
             };

@@ -1,5 +1,6 @@
 -- Sliding window counter (the same integers as src/algorithm/sliding_window.rs).
 -- key: this window's counter; previous_key: the previous window's counter.
+-- The caller gives the window's start and end (µs).
 -- The window is cut into n <= 2^19 steps of `step` µs; after e whole steps the
 -- previous window weighs (n - e) / n. Admitted while
 --   previous * (n - e) + (current + cost - 1) * n < limit * n.
@@ -17,18 +18,15 @@ local function earliest(previous, room, n)
   return e
 end
 
-ALGORITHMS['s'] = function(key, previous_key, now, limit, period, _, hits, read)
+ALGORITHMS['s'] = function(key, previous_key, now, limit, window_start, window_end, cost, charge, read)
+  local period = window_end - window_start
   local step = 1
   while math.ceil(period / step) > MAX_STEPS do step = step * 10 end
   local n = math.ceil(period / step)
-  local window = math.floor(now / period)
-  local offset = now - window * period
-  local window_end = (window + 1) * period
+  local offset = now - window_start
   local elapsed = math.floor(offset / step)
   local current = read(key)
   local previous = read(previous_key)
-  local cost = hits
-  if cost < 1 then cost = 1 end
   local weighted = previous * (n - elapsed)
   if cost > limit or weighted + (current + cost - 1) * n >= limit * n then
     local wait
@@ -53,10 +51,11 @@ ALGORITHMS['s'] = function(key, previous_key, now, limit, period, _, hits, read)
     if left < 0 then left = 0 end
     return 0, left, wait
   end
-  current = current + hits
+  -- A budget's charge may pass the limit (by at most the limit).
+  current = current + charge
   local left = limit - math.ceil((weighted + current * n) / n)
   if left < 0 then left = 0 end
-  if hits > 0 then
+  if charge > 0 then
     -- This window still counts, as the previous one, through the next window.
     return 1, left, window_end - now, current, window_end + period
   end

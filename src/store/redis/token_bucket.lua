@@ -6,7 +6,7 @@
 -- 100 years in µs: the longest refill (src/algorithm/mod.rs MAX_BUCKET_SPAN).
 local MAX_SPAN = 3153600000000000
 
-ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
+ALGORITHMS['t'] = function(key, _, now, limit, period, burst, cost, charge, read)
   if limit == 0 then
     return 0, 0, period
   end
@@ -22,8 +22,6 @@ ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
     if l < 0 then return 0 end
     return math.floor(l / interval)
   end
-  local cost = hits
-  if cost < 1 then cost = 1 end
   if cost > most then
     return 0, left(tat), tat - now
   end
@@ -31,8 +29,9 @@ ALGORITHMS['t'] = function(key, _, now, limit, period, burst, hits, read)
   if needed - now > tolerance then
     return 0, left(tat), needed - now - tolerance
   end
-  tat = tat + interval * hits
-  if hits > 0 then
+  -- A budget's charge may overdraw the bucket (by at most the burst).
+  tat = tat + interval * charge
+  if charge > 0 then
     return 1, left(tat), tat - now, tat, tat
   end
   return 1, left(tat), tat - now

@@ -1,0 +1,189 @@
+//! Calendar windows: days, ISO weeks, months and years as a time zone's
+//! clocks and calendars count them, with real month lengths, leap years and
+//! daylight saving changes (from jiff and the IANA time zone database it
+//! bundles). A calendar window is numbered, so that consecutive windows have
+//! consecutive numbers whatever their lengths, and it has a start and an end
+//! in the algorithms' ticks (microseconds since the epoch).
+//!
+//! Zones are interned: a rule names one of a few hundred IANA zones, and a
+//! `&'static` zone keeps [`Calendar`] `Copy` (it rides in every quota).
+
+use std::sync::OnceLock;
+
+use jiff::Timestamp;
+use jiff::civil::{Date, DateTime, Time};
+use jiff::tz::TimeZone;
+
+/// A calendar unit: one of these, or a whole multiple of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CalendarUnit {
+    /// From midnight to midnight (23 or 25 hours across a DST change).
+    Day,
+    /// From Monday 00:00 to the next Monday (ISO 8601 weeks).
+    Week,
+    /// From the 1st at 00:00 to the next 1st.
+    Month,
+    /// From 1 January 00:00 to the next 1 January.
+    Year,
+}
+
+/// A time zone, by its IANA name.
+#[derive(Debug)]
+pub struct Zone {
+    name: Box<str>,
+    tz: TimeZone,
+}
+
+// Zones are interned: one per name.
+impl PartialEq for Zone {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Zone {}
+
+impl Zone {
+    /// The IANA name, as written in rules.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The zone named `name` (an IANA name such as `Europe/Berlin`, or `UTC`),
+    /// or why there is none.
+    pub fn get(name: &str) -> Result<&'static Zone, String> {
+        static ZONES: OnceLock<parking_lot::Mutex<Vec<&'static Zone>>> = OnceLock::new();
+        let zones = ZONES.get_or_init(Default::default);
+        let mut zones = zones.lock();
+        if let Some(zone) = zones.iter().find(|z| &*z.name == name) {
+            return Ok(zone);
+        }
+        // Only names from the database: a POSIX TZ string or a file path
+        // would let a rule file intern any number of zones.
+        if name.is_empty() || name.len() > 64 || name.starts_with('/') || name.contains("..") {
+            return Err(format!("'{name}' is not an IANA time zone name"));
+        }
+        let tz = TimeZone::get(name).map_err(|_| {
+            format!(
+                "unknown time zone '{name}' (expected an IANA name such as Europe/Berlin or UTC)"
+            )
+        })?;
+        // Bounded by the size of the time zone database (about 600 names).
+        let zone: &'static Zone = Box::leak(Box::new(Zone {
+            name: name.into(),
+            tz,
+        }));
+        zones.push(zone);
+        Ok(zone)
+    }
+}
+
+/// A calendar period: `every` calendar `unit`s in `zone`, counted from the
+/// epoch (so `every: 3` months are the quarters Jan–Mar, Apr–Jun, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calendar {
+    /// The unit.
+    pub unit: CalendarUnit,
+    /// How many units make one window (at least 1).
+    pub every: u32,
+    /// The time zone whose calendar counts.
+    pub zone: &'static Zone,
+}
+
+/// One window, in ticks (microseconds since the epoch): `start <= now < end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Consecutive windows have consecutive numbers.
+    pub index: u64,
+    /// The first tick of the window.
+    pub start: u64,
+    /// The first tick after it.
+    pub end: u64,
+}
+
+/// Days from 1970-01-01 to `date`.
+fn day_number(date: Date) -> i64 {
+    let midnight = DateTime::from_parts(date, Time::midnight());
+    TimeZone::UTC
+        .to_timestamp(midnight)
+        .map_or(0, |t| t.as_second().div_euclid(86_400))
+}
+
+/// The date `days` after 1970-01-01.
+fn date_of(days: i64) -> Date {
+    Timestamp::from_second(days.saturating_mul(86_400))
+        .map(|t| TimeZone::UTC.to_datetime(t).date())
+        .unwrap_or(Date::MIN)
+}
+
+// 1970-01-01 was a Thursday: day 0 of ISO week counting from Monday 1969-12-29.
+const DAYS_BEFORE_FIRST_MONDAY: i64 = 3;
+
+impl Calendar {
+    /// The window holding `now` (ticks since the epoch).
+    pub fn window(&self, now: u64) -> Window {
+        let tz = &self.zone.tz;
+        let every = i64::from(self.every.max(1));
+        let at = Timestamp::from_microsecond(i64::try_from(now).unwrap_or(i64::MAX))
+            .unwrap_or(Timestamp::MAX);
+        let date = tz.to_datetime(at).date();
+        let index = match self.unit {
+            CalendarUnit::Day => day_number(date).div_euclid(every),
+            CalendarUnit::Week => (day_number(date) + DAYS_BEFORE_FIRST_MONDAY)
+                .div_euclid(7)
+                .div_euclid(every),
+            CalendarUnit::Month => {
+                (i64::from(date.year()) * 12 + i64::from(date.month()) - 1).div_euclid(every)
+            }
+            CalendarUnit::Year => i64::from(date.year()).div_euclid(every),
+        };
+        let start = self.start_of(index);
+        let end = self.start_of(index + 1);
+        Window {
+            index: u64::try_from(index).unwrap_or(0),
+            start: start.min(now),
+            end: end.max(now + 1),
+        }
+    }
+
+    /// The first tick of window `index`: midnight at its first date, or, when
+    /// a DST change skips that midnight, the first instant after the gap.
+    fn start_of(&self, index: i64) -> u64 {
+        let every = i64::from(self.every.max(1));
+        let first = match self.unit {
+            CalendarUnit::Day => date_of(index * every),
+            CalendarUnit::Week => date_of(index * every * 7 - DAYS_BEFORE_FIRST_MONDAY),
+            CalendarUnit::Month => {
+                let month = index * every;
+                let year = i16::try_from(month.div_euclid(12)).unwrap_or(i16::MAX);
+                Date::new(year, (month.rem_euclid(12) + 1) as i8, 1).unwrap_or(Date::MAX)
+            }
+            CalendarUnit::Year => {
+                let year = i16::try_from(index * every).unwrap_or(i16::MAX);
+                Date::new(year, 1, 1).unwrap_or(Date::MAX)
+            }
+        };
+        let midnight = DateTime::from_parts(first, Time::midnight());
+        let at = self
+            .zone
+            .tz
+            .to_timestamp(midnight)
+            .unwrap_or(Timestamp::MAX);
+        u64::try_from(at.as_microsecond()).unwrap_or(0)
+    }
+
+    /// The nominal length of one window in seconds (30-day months, 365-day
+    /// years), for what needs a fixed figure.
+    pub fn nominal_seconds(&self) -> u64 {
+        let unit = match self.unit {
+            CalendarUnit::Day => 86_400,
+            CalendarUnit::Week => 7 * 86_400,
+            CalendarUnit::Month => 30 * 86_400,
+            CalendarUnit::Year => 365 * 86_400,
+        };
+        unit * u64::from(self.every.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+//! One `rate_limit` block (or one entry of `rate_limits`) validated into a
+//! [`Limit`]: the reference's fields, then Tollgate's (algorithm, burst,
+//! failure mode, unit multiplier, calendar, budget). Every problem is
+//! reported with its place; `None` means at least one was.
+
+use serde_saphyr::Location;
+
+use super::file::RawRateLimit;
+use super::{FailureMode, Limit, LoadOptions, MAX_PERIOD_SECONDS, Unit};
+use crate::algorithm::Algorithm;
+use crate::calendar::Zone;
+
+/// Where a problem is, and what it is.
+pub(super) type Report<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);
+
+fn at(loc: &Location) -> Option<(u32, u32)> {
+    (loc.line() > 0).then(|| (loc.line() as u32, loc.column() as u32))
+}
+
+/// The limit of `rl` (on the descriptor `path`, written at `pos`), or `None`
+/// for `unlimited: true` and after reporting a problem (the caller tells
+/// them apart by whether anything was reported).
+pub(super) fn compile(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    options: &LoadOptions,
+    err: Report<'_>,
+) -> Option<Limit> {
+    if rl.unlimited.unwrap_or(false) {
+        for (field, p) in [
+            ("unit", rl.unit.as_ref().map(|s| &s.referenced)),
+            (
+                "requests_per_unit",
+                rl.requests_per_unit.as_ref().map(|s| &s.referenced),
+            ),
+            ("algorithm", rl.algorithm.as_ref().map(|s| &s.referenced)),
+            ("burst", rl.burst.as_ref().map(|s| &s.referenced)),
+            (
+                "unit_multiplier",
+                rl.unit_multiplier.as_ref().map(|s| &s.referenced),
+            ),
+            ("calendar", rl.calendar.as_ref().map(|s| &s.referenced)),
+            ("time_zone", rl.time_zone.as_ref().map(|s| &s.referenced)),
+            ("budget", rl.budget.as_ref().map(|s| &s.referenced)),
+        ] {
+            if let Some(p) = p {
+                err(
+                    at(p).or(pos),
+                    format!(
+                        "'{path}' should not specify rate limit {field} when unlimited is true"
+                    ),
+                );
+            }
+        }
+        return None;
+    }
+    let unit = match &rl.unit {
+        None => {
+            err(
+                pos,
+                format!(
+                    "'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"
+                ),
+            );
+            None
+        }
+        Some(u) => {
+            let unit = Unit::from_name(&u.value.0);
+            if unit.is_none() {
+                err(
+                    at(&u.referenced).or(pos),
+                    format!(
+                        "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
+                        u.value.0
+                    ),
+                );
+            }
+            unit
+        }
+    };
+    let requests_per_unit = rl.requests_per_unit.as_ref().map(|r| r.value.0);
+    if requests_per_unit.is_none() {
+        err(pos, format!("'{path}' rate_limit has no requests_per_unit"));
+    }
+    let calendar = rl.calendar.as_ref().is_some_and(|c| c.value);
+    let algorithm = match &rl.algorithm {
+        // A calendar quota resets on its boundaries: a fixed window.
+        None if calendar => Some(Algorithm::FixedWindow),
+        None => Some(options.default_algorithm),
+        Some(a) => {
+            let alg = Algorithm::from_name(&a.value.0);
+            if alg.is_none() {
+                err(
+                    at(&a.referenced).or(pos),
+                    format!(
+                        "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
+                        a.value.0
+                    ),
+                );
+            }
+            alg
+        }
+    };
+    let burst = match &rl.burst {
+        None => requests_per_unit,
+        Some(b) if algorithm != Some(Algorithm::TokenBucket) => {
+            err(
+                at(&b.referenced).or(pos),
+                format!(
+                    "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
+                ),
+            );
+            None
+        }
+        Some(b) if b.value.0 == 0 => {
+            err(
+                at(&b.referenced).or(pos),
+                format!("'{path}' burst must be at least 1"),
+            );
+            None
+        }
+        Some(b) => Some(b.value.0),
+    };
+    let failure_mode = match &rl.failure_mode {
+        None => Some(None),
+        Some(m) => {
+            let mode = FailureMode::from_name(&m.value.0);
+            if mode.is_none() {
+                err(
+                    at(&m.referenced).or(pos),
+                    format!(
+                        "unknown failure_mode '{}' in '{path}' (expected allow, deny or local)",
+                        m.value.0
+                    ),
+                );
+            }
+            mode.map(Some)
+        }
+    };
+    let unit_multiplier = match &rl.unit_multiplier {
+        None => Some(1),
+        Some(m) if m.value.0 == 0 => {
+            err(
+                at(&m.referenced).or(pos),
+                format!("'{path}' unit_multiplier must be at least 1"),
+            );
+            None
+        }
+        Some(m) => match unit {
+            Some(unit) if unit.seconds() * u64::from(m.value.0) > MAX_PERIOD_SECONDS => {
+                err(
+                    at(&m.referenced).or(pos),
+                    format!(
+                        "'{path}' period of {} {}s is longer than 100 years",
+                        m.value.0,
+                        unit.name()
+                    ),
+                );
+                None
+            }
+            _ => Some(m.value.0),
+        },
+    };
+    let zone = calendar_zone(rl, path, pos, (unit, algorithm), options, err);
+
+    let (
+        Some(unit),
+        Some(rpu),
+        Some(algorithm),
+        Some(burst),
+        Some(failure_mode),
+        Some(unit_multiplier),
+        Some(zone),
+    ) = (
+        unit,
+        requests_per_unit,
+        algorithm,
+        burst,
+        failure_mode,
+        unit_multiplier,
+        zone,
+    )
+    else {
+        return None;
+    };
+    let limit = Limit {
+        requests_per_unit: rpu,
+        unit,
+        unit_multiplier,
+        calendar: zone,
+        algorithm,
+        burst: burst.max(1),
+        failure_mode,
+        budget: rl.budget.as_ref().is_some_and(|b| b.value),
+    };
+    // A bucket that takes centuries to refill would overflow the stores'
+    // arithmetic; no one means it.
+    if algorithm == Algorithm::TokenBucket
+        && crate::algorithm::bucket_span(&limit.quota()).is_none()
+    {
+        err(
+            rl.burst.as_ref().and_then(|b| at(&b.referenced)).or(pos),
+            format!(
+                "'{path}' burst {} at {rpu} per {} takes more than 100 years to refill; lower the burst or raise requests_per_unit",
+                limit.burst,
+                limit.period_name()
+            ),
+        );
+        return None;
+    }
+    Some(limit)
+}
+
+/// `Some(Some(zone))` for a valid calendar limit, `Some(None)` for a limit
+/// on epoch-aligned periods, `None` after reporting a problem.
+fn calendar_zone(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    (unit, algorithm): (Option<Unit>, Option<Algorithm>),
+    options: &LoadOptions,
+    err: Report<'_>,
+) -> Option<Option<&'static Zone>> {
+    let calendar = rl.calendar.as_ref().filter(|c| c.value);
+    let Some(flag) = calendar else {
+        if let Some(tz) = &rl.time_zone {
+            err(
+                at(&tz.referenced).or(pos),
+                format!(
+                    "'{path}' sets time_zone without `calendar: true` (only calendar limits use a time zone)"
+                ),
+            );
+            return None;
+        }
+        return Some(None);
+    };
+    let here = at(&flag.referenced).or(pos);
+    let mut ok = true;
+    if let Some(unit) = unit.filter(|u| u.calendar_unit().is_none()) {
+        err(
+            here,
+            format!(
+                "'{path}' is a calendar limit per {}; calendar limits count days, weeks, months or years",
+                unit.name()
+            ),
+        );
+        ok = false;
+    }
+    if let Some(algorithm) = algorithm.filter(|a| *a != Algorithm::FixedWindow) {
+        err(
+            rl.algorithm
+                .as_ref()
+                .map_or(here, |a| at(&a.referenced).or(pos)),
+            format!(
+                "'{path}' is a calendar limit with {algorithm}; a calendar quota resets on its boundaries, so it is a fixed_window (drop `algorithm:` or set fixed_window)"
+            ),
+        );
+        ok = false;
+    }
+    let zone = match &rl.time_zone {
+        None => Some(options.time_zone),
+        Some(tz) => match Zone::get(&tz.value.0) {
+            Ok(zone) => Some(zone),
+            Err(why) => {
+                err(at(&tz.referenced).or(pos), format!("'{path}': {why}"));
+                None
+            }
+        },
+    };
+    (ok && zone.is_some()).then_some(zone)
+}
