@@ -40,7 +40,36 @@ descriptors:
     descriptors:
       - key: path
         rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: api
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 3, algorithm: token_bucket}
+      - {name: per_minute, unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+      - {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+  - key: five_fixed
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: fixed_window}
+  - key: five_sliding
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 10, algorithm: sliding_window}
+  - key: five_bucket
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 5, algorithm: token_bucket}
+  - key: monthly
+    rate_limit: {unit: month, requests_per_unit: 3, calendar: true, time_zone: Europe/Berlin}
+  - key: daily_ny
+    rate_limit: {unit: day, requests_per_unit: 2, calendar: true, time_zone: America/New_York}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 100, budget: true, algorithm: fixed_window}
+  - key: token_bucket_budget
+    rate_limit: {unit: minute, requests_per_unit: 60, budget: true, algorithm: token_bucket}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
 ";
+
+#[path = "conformance/extensions.rs"]
+mod extensions;
+use extensions::*;
 
 enum Backend {
     Memory,
@@ -85,6 +114,13 @@ impl Harness {
             start,
             backend,
         }
+    }
+
+    /// Sets the clock to an RFC 3339 instant (in the future, so that Redis
+    /// keeps keys whose expiry is computed from it).
+    fn at_instant(&self, instant: &str) {
+        let t: jiff::Timestamp = instant.parse().expect("an RFC 3339 instant");
+        self.clock.set(t.as_nanosecond() as Nanos);
     }
 
     /// Sets the clock to `secs` after the start hour.
@@ -388,4 +424,10 @@ conformance!(
     fifty_concurrent_requests_admit_exactly_the_limit,
     a_hostile_hits_addend_is_refused_and_changes_nothing,
     a_value_cannot_spend_another_descriptors_budget,
+    several_limits_admit_only_when_all_do_and_report_the_deciding_one,
+    a_unit_multiplier_makes_five_minute_windows_for_every_algorithm,
+    calendar_months_reset_at_local_midnight_on_the_first,
+    calendar_days_follow_dst_in_their_time_zone,
+    a_budget_admits_while_anything_is_left_and_charges_in_full,
+    quota_mode_refuses_only_when_every_quota_descriptor_is_over,
 );
