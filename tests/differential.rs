@@ -1,7 +1,8 @@
 //! The memory store and the Redis scripts decide alike: random sequences of
 //! requests (descriptors, hits from 0 to u64::MAX, limits from 0 to
-//! u32::MAX over every unit, all three algorithms, limits sent in the
-//! request, clock jumps from a microsecond to a year) go through two
+//! u32::MAX over every unit, all three algorithms, unit multipliers,
+//! calendar windows, budgets, several limits per descriptor, quota mode,
+//! limits sent in the request, clock jumps from a microsecond to a year) go through two
 //! limiters on one manual clock, one on the memory store and one on a real
 //! Redis (standalone, and a 3-master Cluster where one request spans
 //! slots), and every answer must match: codes, remaining counts and reset
@@ -45,10 +46,38 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 7, algorithm: token_bucket, burst: 1}
   - key: zero
     rate_limit: {unit: minute, requests_per_unit: 0, algorithm: fixed_window}
+  - key: fw5
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 7, algorithm: fixed_window}
+  - key: sw7
+    rate_limit: {unit: second, unit_multiplier: 7, requests_per_unit: 5, algorithm: sliding_window}
+  - key: tb5
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: token_bucket}
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 9, calendar: true, time_zone: Europe/Berlin}
+  - key: days
+    rate_limit: {unit: day, unit_multiplier: 2, requests_per_unit: 4, calendar: true, time_zone: America/New_York}
+  - key: bfw
+    rate_limit: {unit: second, requests_per_unit: 5, budget: true, algorithm: fixed_window}
+  - key: bsw
+    rate_limit: {unit: minute, requests_per_unit: 50, budget: true, algorithm: sliding_window}
+  - key: btb
+    rate_limit: {unit: second, requests_per_unit: 4, budget: true, algorithm: token_bucket, burst: 8}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, algorithm: token_bucket}
+      - {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+      - {unit: hour, requests_per_unit: 9, algorithm: sliding_window, budget: true}
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
 ";
 
-const KEYS: [&str; 11] = [
-    "fw1", "fw2", "sw1", "sw2", "sw3", "sw4", "tb1", "tb2", "tb3", "tb4", "zero",
+const KEYS: [&str; 22] = [
+    "fw1", "fw2", "sw1", "sw2", "sw3", "sw4", "tb1", "tb2", "tb3", "tb4", "zero", "fw5", "sw7",
+    "tb5", "month", "days", "bfw", "bsw", "btb", "multi", "q1", "q2",
 ];
 
 /// A real Redis (standalone or a 3-master Cluster) and one runtime, shared

@@ -275,11 +275,15 @@ proptest! {
         limit in any::<u32>(),
         burst in 1u32..=u32::MAX,
         period in any_period(),
+        multiplier in prop_oneof![Just(1u64), 2u64..=100],
+        budget in any::<bool>(),
         alg in 0usize..3,
         steps in prop::collection::vec((0u64..(400 * 86_400 * NANOS_PER_SEC), any_hits()), 1..40),
     ) {
         let alg = Algorithm::ALL[alg];
-        let q = Quota::new(limit, period, burst);
+        // Any multiple of a unit up to the longest period rules allow.
+        let period = (period * multiplier).min(crate::rules::MAX_PERIOD_SECONDS * NANOS_PER_SEC);
+        let q = Quota { budget, ..Quota::new(limit, period, burst) };
         let mut st = State::default();
         let mut now = 1_700_000_000 * NANOS_PER_SEC;
         for (gap, hits) in steps {
@@ -290,7 +294,11 @@ proptest! {
                 _ => u64::from(limit),
             };
             if out.allowed && limit > 0 {
-                prop_assert!(hits <= most, "{alg}: {hits} admitted against {most}");
+                // A budget admits any charge while something is left, and
+                // charges at most the whole limit.
+                let charged = q.hits(hits).charge;
+                prop_assert!(charged <= u64::from(limit.max(burst)), "{alg}: {charged} charged");
+                prop_assert!(budget || hits <= most, "{alg}: {hits} admitted against {most}");
             }
             if limit == 0 {
                 prop_assert!(!out.allowed, "{alg}: a limit of zero admits nothing");
@@ -309,6 +317,68 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_budget_admits_while_anything_is_left_and_charges_in_full() {
+    for alg in Algorithm::ALL {
+        let q = Quota {
+            budget: true,
+            ..quota(10, MINUTE)
+        };
+        let mut st = State::default();
+        let now = 1_700_000_000 * NANOS_PER_SEC;
+        let mut step = |hits: u64| {
+            let out = alg.decide(st, &q, now, hits);
+            if let Some((next, _)) = out.commit {
+                st = next;
+            }
+            out
+        };
+        assert_eq!(step(0).remaining, 10, "{alg}: a check spends nothing");
+        let seven = step(7);
+        assert!(seven.allowed && seven.remaining == 3, "{alg}: {seven:?}");
+        let over = step(u64::MAX);
+        assert!(over.allowed, "{alg}: charged although more than is left");
+        assert_eq!(over.remaining, 0, "{alg}");
+        assert!(!step(0).allowed, "{alg}: spent, the next check is refused");
+        assert!(!step(1).allowed, "{alg}: and so is a charge");
+    }
+    // The overdraft is bounded by the whole limit: 7 + 10, not 7 + 2^64.
+    let q = Quota {
+        budget: true,
+        ..quota(10, MINUTE)
+    };
+    let out = Algorithm::FixedWindow.decide(State::default(), &q, 0, 7);
+    let (st, _) = out.commit.expect("committed");
+    let out = Algorithm::FixedWindow.decide(st, &q, 0, u64::MAX);
+    assert_eq!(out.commit.expect("committed").0.current, 17);
+}
+
+#[test]
+fn a_multiple_of_a_unit_is_one_window() {
+    // 3 per 5 minutes: windows at multiples of 300 s since the epoch.
+    let q = quota(3, 5 * MINUTE);
+    let mut st = State::default();
+    let start = 1_800_000_000 * NANOS_PER_SEC; // a multiple of 300 s
+    assert_eq!(
+        burst(Algorithm::FixedWindow, &mut st, &q, start + secs(299.0), 5),
+        3
+    );
+    let out = Algorithm::FixedWindow.decide(st, &q, start + secs(299.0), 1);
+    assert_eq!(out.wait, NANOS_PER_SEC);
+    assert_eq!(
+        burst(Algorithm::FixedWindow, &mut st, &q, start + secs(300.0), 5),
+        3
+    );
+    let window = q.window_at(start + secs(301.0));
+    assert_eq!(
+        (window.start, window.end),
+        (
+            (start + 300 * NANOS_PER_SEC) / 1_000,
+            (start + 600 * NANOS_PER_SEC) / 1_000
+        )
+    );
 }
 
 #[test]

@@ -183,3 +183,133 @@ descriptors:
         r#"domain="d",key1="ip_10.0.0.1",key2="path""#
     );
 }
+
+#[test]
+fn rule_extensions_load_and_show_in_check() {
+    let rules = load(
+        "domain: d
+descriptors:
+  - key: api
+    quota_mode: true
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 10, algorithm: token_bucket}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 1000}
+      - {unit: month, requests_per_unit: 100000, calendar: true, time_zone: Europe/Berlin, budget: true}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 5, calendar: true}
+",
+    )
+    .expect("loads");
+    let m = rules.lookup("d", &[("api", "k")]).expect("matches");
+    assert_eq!(m.rules.len(), 3);
+    let [burst, five, month] = [&m.rules[0], &m.rules[1], &m.rules[2]];
+    assert!(m.rules.iter().all(|r| r.quota_mode));
+    assert_eq!(&*burst.policy_name, "burst");
+    assert_eq!(
+        &*five.policy_name, "d.api/5minute",
+        "unnamed: path and period"
+    );
+    let five = five.limit.expect("limited");
+    assert_eq!((five.unit_multiplier, five.period_seconds()), (5, 300));
+    assert_eq!(five.quota().period, 300 * crate::clock::NANOS_PER_SEC);
+    let month_limit = month.limit.expect("limited");
+    assert_eq!(
+        month_limit.algorithm,
+        Algorithm::FixedWindow,
+        "calendar limits are fixed windows"
+    );
+    assert_eq!(
+        month_limit.calendar.map(|z| z.name()),
+        Some("Europe/Berlin")
+    );
+    assert!(month_limit.budget);
+    assert!(
+        month
+            .metric_labels
+            .ends_with(",limit=\"month@Europe/Berlin\""),
+        "{}",
+        month.metric_labels
+    );
+    // The server's zone for calendar limits without one.
+    let daily = rules.lookup("d", &[("daily", "x")]).expect("matches").rules[0]
+        .limit
+        .expect("limited");
+    assert_eq!(daily.calendar.map(|z| z.name()), Some("UTC"));
+    let shown = rules.to_string();
+    for needle in [
+        "d.api: 10 per second (token_bucket, burst 10), name burst",
+        "d.api: 1000 per 5minute (sliding_window)",
+        "d.api: 100000 per month@Europe/Berlin (fixed_window, budget)",
+        "quota mode",
+    ] {
+        assert!(shown.contains(needle), "{needle} in:\n{shown}");
+    }
+}
+
+#[test]
+fn rule_extensions_are_validated() {
+    for (yaml, needle) in [
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 1}\n    rate_limits: [{unit: hour, requests_per_unit: 2}]",
+            "both rate_limit and rate_limits",
+        ),
+        ("rate_limits: []", "empty rate_limits"),
+        (
+            "rate_limits: [{unit: minute, requests_per_unit: 1}, {unlimited: true}]",
+            "unlimited: true` in rate_limits",
+        ),
+        (
+            "rate_limits: [{unit: minute, requests_per_unit: 1}, {unit: minute, requests_per_unit: 2}]",
+            "clash",
+        ),
+        (
+            "rate_limits: [{name: a, unit: minute, requests_per_unit: 1}, {name: a, unit: hour, requests_per_unit: 2}]",
+            "both are called 'a'",
+        ),
+        (
+            "rate_limit: {unit: minute, unit_multiplier: 0, requests_per_unit: 1}",
+            "unit_multiplier must be at least 1",
+        ),
+        (
+            "rate_limit: {unit: year, unit_multiplier: 101, requests_per_unit: 1}",
+            "longer than 100 years",
+        ),
+        (
+            "rate_limit: {unit: minute, unit_multiplier: 2.5, requests_per_unit: 1}",
+            "not a whole number",
+        ),
+        (
+            "rate_limit: {unit: hour, requests_per_unit: 1, calendar: true}",
+            "calendar limits count days, weeks, months or years",
+        ),
+        (
+            "rate_limit: {unit: month, requests_per_unit: 1, calendar: true, algorithm: sliding_window}",
+            "so it is a fixed_window",
+        ),
+        (
+            "rate_limit: {unit: month, requests_per_unit: 1, calendar: true, time_zone: Mars/Olympus}",
+            "unknown time zone 'Mars/Olympus'",
+        ),
+        (
+            "rate_limit: {unit: month, requests_per_unit: 1, time_zone: Europe/Berlin}",
+            "without `calendar: true`",
+        ),
+        (
+            "rate_limit: {unlimited: true, budget: true}",
+            "budget when unlimited",
+        ),
+        (
+            "rate_limit: {unit: day, requests_per_unit: 1, budget: maybe}",
+            "invalid boolean",
+        ),
+    ] {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    {yaml}\n");
+        let err = load(&text).expect_err(yaml).to_string();
+        assert!(err.contains(needle), "{yaml}: {err}");
+        // The limit's line, or for the two lists the second one's.
+        assert!(
+            err.starts_with("rules.yaml:4:") || err.starts_with("rules.yaml:5:"),
+            "{yaml}: names file and line: {err}"
+        );
+    }
+}

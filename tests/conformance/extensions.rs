@@ -47,10 +47,7 @@ pub async fn several_limits_admit_only_when_all_do_and_report_the_deciding_one(h
     let refused = h.ask(&[api], 0).await;
     assert!(refused.over_limit);
     let status = &refused.statuses[0];
-    assert_eq!(
-        status.limit.as_ref().map(|l| &*l.name),
-        Some("per_minute")
-    );
+    assert_eq!(status.limit.as_ref().map(|l| &*l.name), Some("per_minute"));
     // A refused request spent none of the others: the bucket still holds
     // the one token it had, the hour has 95 left.
     let bucket = status
@@ -78,7 +75,10 @@ pub async fn a_unit_multiplier_makes_five_minute_windows_for_every_algorithm(h: 
     h.at(299.0);
     assert_eq!(h.admitted(&[fixed], 5).await, 3);
     let refused = h.ask(&[fixed], 0).await;
-    assert_eq!(refused.statuses[0].reset, NANOS_PER_SEC, "1 s to the window end");
+    assert_eq!(
+        refused.statuses[0].reset, NANOS_PER_SEC,
+        "1 s to the window end"
+    );
     assert!(header(&refused, "ratelimit-policy").contains(";q=3;w=300"));
     h.at(300.0);
     assert_eq!(h.admitted(&[fixed], 5).await, 3, "a new five-minute window");
@@ -96,7 +96,11 @@ pub async fn a_unit_multiplier_makes_five_minute_windows_for_every_algorithm(h: 
     h.at(1000.0);
     assert_eq!(h.admitted(&[bucket], 8).await, 5);
     let refused = h.ask(&[bucket], 0).await;
-    assert_eq!(refused.statuses[0].reset, 60 * NANOS_PER_SEC, "a token a minute");
+    assert_eq!(
+        refused.statuses[0].reset,
+        60 * NANOS_PER_SEC,
+        "a token a minute"
+    );
     h.at(1060.0);
     assert_eq!(h.admitted(&[bucket], 8).await, 1);
 }
@@ -143,7 +147,10 @@ pub async fn calendar_days_follow_dst_in_their_time_zone(h: &Harness) {
     assert_eq!(first.statuses[0].reset, 23 * 3_600 * NANOS_PER_SEC);
     assert_eq!(h.admitted(&[daily], 3).await, 1);
     h.at_instant("2027-03-15T03:59:59Z");
-    assert!(h.ask(&[daily], 0).await.over_limit, "still the 14th in New York");
+    assert!(
+        h.ask(&[daily], 0).await.over_limit,
+        "still the 14th in New York"
+    );
     h.at_instant("2027-03-15T04:00:00Z");
     assert_eq!(h.admitted(&[daily], 3).await, 2, "midnight EDT: a new day");
     // 7 November 2027 lasts 25 hours (clocks repeat 01:00-02:00).
@@ -172,7 +179,10 @@ pub async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harn
         assert_eq!(charged.statuses[0].remaining, full - 55, "{key}");
         // The next response costs more than is left: charged anyway.
         let over = ask(500).await;
-        assert!(!over.over_limit, "{key}: a charge is never refused while anything is left");
+        assert!(
+            !over.over_limit,
+            "{key}: a charge is never refused while anything is left"
+        );
         assert_eq!(over.statuses[0].remaining, 0, "{key}");
         // Now the budget is spent: the next request is refused at its check.
         let refused = ask(0).await;
@@ -190,7 +200,10 @@ pub async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harn
             .over_limit
     };
     h.at(56.0);
-    assert!(check("token_bucket_budget").await, "the overdraft is still being repaid");
+    assert!(
+        check("token_bucket_budget").await,
+        "the overdraft is still being repaid"
+    );
     h.at(57.0);
     assert!(!check("token_bucket_budget").await, "repaid");
     // The fixed window is whole again in the next minute.
@@ -202,7 +215,11 @@ pub async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harn
 pub async fn quota_mode_refuses_only_when_every_quota_descriptor_is_over(h: &Harness) {
     h.at(1.0);
     // quota_a allows 1, quota_b 2 a minute; org is an ordinary limit of 5.
-    let both: &[&[(&str, &str)]] = &[&[("quota_a", "q")], &[("quota_b", "q")], &[("org", "quota")]];
+    let both: &[&[(&str, &str)]] = &[
+        &[("quota_a", "q")],
+        &[("quota_b", "q")],
+        &[("org", "quota")],
+    ];
     let first = h.ask(both, 0).await;
     assert!(!first.over_limit);
     let second = h.ask(both, 0).await;
