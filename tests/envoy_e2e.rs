@@ -80,7 +80,7 @@ fn get(g: &Gateway, path: &str, headers: &[(&str, &str)]) -> common::envoy::Resp
 fn every_envoy_configuration_is_valid() {
     // mtls.yaml names certificate files that exist only in its own test
     // (envoy_reaches_tollgate_over_mutual_tls), which runs it live.
-    for config in ["gateway.yaml", "tcp.yaml", "egress.yaml"] {
+    for config in ["gateway.yaml", "tcp.yaml", "egress.yaml", "llm-budget.yaml"] {
         let (ok, output) = validate(config);
         assert!(ok, "{config}: {output}");
         assert!(output.contains("OK"), "{config}: {output}");

@@ -292,6 +292,11 @@ fn check_prints_compiled_rules_or_errors() {
     );
     let stdout = String::from_utf8_lossy(&ok.stdout);
     assert!(stdout.contains("api.user: 600 per minute"), "{stdout}");
+    // The extensions show: several limits, calendar budgets.
+    assert!(
+        stdout.contains("llm.api_key: 1000000 per month@UTC (fixed_window, budget, failure_mode deny), name tokens_per_month"),
+        "{stdout}"
+    );
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "check",

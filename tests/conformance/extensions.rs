@@ -12,7 +12,7 @@ fn header<'a>(d: &'a tollgate::limiter::Decision, name: &str) -> &'a str {
         .map_or("", |(_, v)| v.as_str())
 }
 
-pub async fn several_limits_admit_only_when_all_do_and_report_the_deciding_one(h: &Harness) {
+pub(crate) async fn several_limits_admit_only_when_all_do_and_report_the_deciding_one(h: &Harness) {
     let api: &[(&str, &str)] = &[("api", "key-1")];
     h.at(1.0);
     // 3 a second (bucket), 5 a minute (fixed), 100 an hour (sliding).
@@ -68,7 +68,7 @@ pub async fn several_limits_admit_only_when_all_do_and_report_the_deciding_one(h
     assert_eq!(h.admitted(&[api], 10).await, 3);
 }
 
-pub async fn a_unit_multiplier_makes_five_minute_windows_for_every_algorithm(h: &Harness) {
+pub(crate) async fn a_unit_multiplier_makes_five_minute_windows_for_every_algorithm(h: &Harness) {
     // Fixed: 3 per 5 minutes, windows at multiples of 300 s since the epoch
     // (the start hour is one).
     let fixed: &[(&str, &str)] = &[("five_fixed", "a")];
@@ -105,7 +105,7 @@ pub async fn a_unit_multiplier_makes_five_minute_windows_for_every_algorithm(h: 
     assert_eq!(h.admitted(&[bucket], 8).await, 1);
 }
 
-pub async fn calendar_months_reset_at_local_midnight_on_the_first(h: &Harness) {
+pub(crate) async fn calendar_months_reset_at_local_midnight_on_the_first(h: &Harness) {
     let monthly: &[(&str, &str)] = &[("monthly", "acme")];
     // 23:59 CEST on 31 March 2027 in Berlin (the month of the DST change).
     h.at_instant("2027-03-31T21:59:00Z");
@@ -139,7 +139,7 @@ pub async fn calendar_months_reset_at_local_midnight_on_the_first(h: &Harness) {
     assert_eq!(feb.statuses[0].reset, 29 * 86_400 * NANOS_PER_SEC);
 }
 
-pub async fn calendar_days_follow_dst_in_their_time_zone(h: &Harness) {
+pub(crate) async fn calendar_days_follow_dst_in_their_time_zone(h: &Harness) {
     let daily: &[(&str, &str)] = &[("daily_ny", "acme")];
     // 14 March 2027 in New York lasts 23 hours (clocks skip 02:00-03:00).
     h.at_instant("2027-03-14T05:00:00Z");
@@ -159,7 +159,7 @@ pub async fn calendar_days_follow_dst_in_their_time_zone(h: &Harness) {
     assert_eq!(long.statuses[0].reset, 25 * 3_600 * NANOS_PER_SEC);
 }
 
-pub async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harness) {
+pub(crate) async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harness) {
     h.at(1.0);
     for key in ["tokens", "token_bucket_budget"] {
         let ask = |hits| async move {
@@ -212,7 +212,7 @@ pub async fn a_budget_admits_while_anything_is_left_and_charges_in_full(h: &Harn
     assert!(!check("tokens").await);
 }
 
-pub async fn quota_mode_refuses_only_when_every_quota_descriptor_is_over(h: &Harness) {
+pub(crate) async fn quota_mode_refuses_only_when_every_quota_descriptor_is_over(h: &Harness) {
     h.at(1.0);
     // quota_a allows 1, quota_b 2 a minute; org is an ordinary limit of 5.
     let both: &[&[(&str, &str)]] = &[
