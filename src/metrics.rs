@@ -335,6 +335,15 @@ pub fn truncated(value: &str, max: usize) -> &str {
     &value[..end]
 }
 
+/// Appends `,name="value"` to a label set.
+pub fn push_label(out: &mut String, name: &str, value: &str) {
+    out.push(',');
+    out.push_str(name);
+    out.push_str("=\"");
+    label_value(out, value);
+    out.push('"');
+}
+
 /// Escapes a Prometheus label value.
 pub fn label_value(out: &mut String, value: &str) {
     for c in value.chars() {

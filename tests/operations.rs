@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn rules(limit: u32) -> String {
     format!(
-        "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n  - key: other\n    rate_limit: {{unit: hour, requests_per_unit: 100}}\n"
+        "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n  - key: other\n    rate_limit: {{unit: hour, requests_per_unit: 100}}\n  - key: plan\n    quota_mode: true\n    rate_limits:\n      - {{name: burst, unit: minute, unit_multiplier: 5, requests_per_unit: 50}}\n      - {{name: monthly, unit: month, calendar: true, time_zone: Asia/Tokyo, requests_per_unit: 9000, budget: true}}\n"
     )
 }
 
@@ -303,11 +303,13 @@ async fn json_answers_200_429_and_400() {
         assert!(!r.body.trim().is_empty(), "a reason is given");
     }
     let config = http(server.admin, "GET", "/rlconfig", &[]).expect("answer");
-    assert!(
-        config.body.contains("ops.user: 1 per hour"),
-        "{}",
-        config.body
-    );
+    for line in [
+        "ops.user: 1 per hour",
+        "ops.plan: 50 per 5minute (sliding_window), name burst, quota mode",
+        "ops.plan: 9000 per month@Asia/Tokyo (fixed_window, budget), name monthly, quota mode",
+    ] {
+        assert!(config.body.contains(line), "{line} in {}", config.body);
+    }
 }
 
 /// The metric names listed in the README's metrics table.

@@ -29,6 +29,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
   - key: tight
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: many
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100, algorithm: token_bucket}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 1000, algorithm: sliding_window}
+      - {unit: month, requests_per_unit: 100000, calendar: true, time_zone: Europe/Berlin}
 ";
 
 fn redis_args<'a>(url: &'a str, timeout: &'a str) -> Vec<&'a str> {
@@ -140,6 +145,52 @@ async fn one_script_call_per_slot_on_a_cluster() {
         cluster.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0),
         "every key expires"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--redis-timeout",
+            "500ms",
+        ],
+    );
+    let many: &[&[(&str, &str)]] = &[&[("many", "key-1")]];
+    code(&server, many).await.expect("warm up");
+    // Three limits, four keys (the sliding window reads two), one hash tag.
+    let keys = cluster.keys_with_ttl();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(
+        keys.iter().any(|(k, _)| k.contains(":sw:5minute:"))
+            && keys
+                .iter()
+                .any(|(k, _)| k.contains(":fw:month@Europe/Berlin:")),
+        "{keys:?}"
+    );
+    let slots: std::collections::HashSet<String> = keys
+        .iter()
+        .map(|(k, _)| {
+            cluster.nodes[0]
+                .cli(&["CLUSTER", "KEYSLOT", k])
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(slots.len(), 1, "one slot for the descriptor's limits");
+    let before = cluster.calls("evalsha") + cluster.calls("eval");
+    for _ in 0..10 {
+        assert_eq!(code(&server, many).await.expect("ok"), Code::Ok as i32);
+    }
+    let after = cluster.calls("evalsha") + cluster.calls("eval");
+    assert_eq!(after - before, 10, "one script call per request");
+    assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "every key expires");
 }
 
 #[tokio::test(flavor = "multi_thread")]

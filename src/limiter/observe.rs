@@ -83,10 +83,15 @@ impl Limiter {
                     crate::metrics::truncated(&label, max).to_owned()
                 })
                 .collect();
-            self.metrics.request_limit(&crate::rules::metric_labels(
+            let mut labels = crate::rules::metric_labels(
                 crate::metrics::truncated(parts.domain, max),
                 keys.iter().map(String::as_str),
-            ))
+            );
+            // Several limits of one descriptor: one series each.
+            if let Some(label) = plan.rule.as_ref().and_then(|r| r.limit_label.as_deref()) {
+                crate::metrics::push_label(&mut labels, "limit", label);
+            }
+            self.metrics.request_limit(&labels)
         };
         match &plan.rule {
             Some(rule) if rule.detailed_metric || rule.value_to_metric => detailed(true),
@@ -103,7 +108,7 @@ impl Limiter {
     /// window are only counted, so a flood cannot flood the logs.
     pub(super) fn log_refusal(&self, plan: &Planned, check: &Check, enforced: bool) {
         let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
-        let window = self.clock.now() / plan.limit.unit.nanos();
+        let window = check.quota.window_at(self.clock.now()).index;
         {
             let mut seen = self.refusals.lock();
             if seen.get(&id) == Some(&window) {

@@ -22,6 +22,16 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100, name: gold, replaces: [{name: per-user}]}
   - key: vault
     rate_limit: {unit: minute, requests_per_unit: 1, failure_mode: deny}
+  - key: key
+    rate_limits:
+      - {name: per-second, unit: second, requests_per_unit: 1, algorithm: fixed_window}
+      - {name: per-hour, unit: hour, requests_per_unit: 2, algorithm: fixed_window, failure_mode: deny}
+      - {name: watched, unit: day, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: metered
+    detailed_metric: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 100}
 ";
 
 fn limiter_with(store: MemoryStoreOptions) -> (Limiter, ManualClock) {
@@ -230,5 +240,86 @@ async fn malformed_requests_name_the_problem() {
             Err(LimitError::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
             other => panic!("expected invalid argument for {needle}: {other:?}"),
         }
+    }
+}
+
+#[tokio::test]
+async fn several_limits_headers_list_all_and_retry_after_waits_for_every_refusal() {
+    let (limiter, clock) = limiter();
+    let key: &[(&str, &str)] = &[("key", "k")];
+    let first = limiter.should_rate_limit(&req(&[key])).await.expect("ok");
+    let policy = &first
+        .headers
+        .iter()
+        .find(|h| h.0 == "ratelimit-policy")
+        .expect("policy")
+        .1;
+    assert_eq!(
+        policy,
+        "\"per-second\";q=1;w=1, \"per-hour\";q=2;w=3600, \"watched\";q=1000;w=86400"
+    );
+    // The second request in the same second: both the second and (after
+    // the next one) the hour refuse; Retry-After is the longer wait.
+    let refused = limiter.should_rate_limit(&req(&[key])).await.expect("ok");
+    assert!(refused.over_limit);
+    let status = &refused.statuses[0];
+    assert_eq!(status.limit.as_ref().map(|l| &*l.name), Some("per-second"));
+    clock.set(clock.now() + NANOS_PER_SEC);
+    assert!(
+        !limiter
+            .should_rate_limit(&req(&[key]))
+            .await
+            .expect("ok")
+            .over_limit
+    );
+    let both = limiter.should_rate_limit(&req(&[key])).await.expect("ok");
+    assert!(both.over_limit);
+    let retry = &both
+        .headers
+        .iter()
+        .find(|h| h.0 == "retry-after")
+        .expect("retry")
+        .1;
+    let hour_left: u64 = both.statuses[0]
+        .others
+        .iter()
+        .chain(std::iter::once(&LimitStatus {
+            over_limit: both.statuses[0].over_limit,
+            limit: both.statuses[0].limit.clone().expect("limit"),
+            remaining: both.statuses[0].remaining,
+            reset: both.statuses[0].reset,
+        }))
+        .filter(|s| s.over_limit)
+        .map(|s| s.reset.div_ceil(NANOS_PER_SEC))
+        .max()
+        .expect("refusals");
+    assert!(
+        hour_left > 1_000,
+        "the hour's wait, not the second's: {hour_left}"
+    );
+    assert_eq!(retry, &hour_left.to_string());
+    // Metrics: one series per limit, told apart by its name.
+    let metrics = limiter.metrics().render();
+    for limit in ["per-second", "per-hour", "watched"] {
+        let series = format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"api\",key1=\"key\",limit=\"{limit}\"}} 4"
+        );
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn detailed_metrics_of_several_limits_stay_apart() {
+    let (limiter, _clock) = limiter();
+    limiter
+        .should_rate_limit(&req(&[&[("metered", "m1")]]))
+        .await
+        .expect("ok");
+    let metrics = limiter.metrics().render();
+    for limit in ["second", "minute"] {
+        let series = format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"api\",key1=\"metered_m1\",limit=\"{limit}\"}} 1"
+        );
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
     }
 }

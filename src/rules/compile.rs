@@ -17,9 +17,7 @@ pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str
     crate::metrics::label_value(&mut labels, domain);
     labels.push('"');
     for (i, key) in keys.enumerate() {
-        labels.push_str(&format!(",key{}=\"", i + 1));
-        crate::metrics::label_value(&mut labels, key);
-        labels.push('"');
+        crate::metrics::push_label(&mut labels, &format!("key{}", i + 1), key);
     }
     labels
 }
@@ -305,14 +303,13 @@ impl Compiler {
             (None, Some(limit)) if several => format!("{path}/{}", limit.period_name()),
             (None, _) => path.to_owned(),
         };
-        if several {
-            let label = name
-                .clone()
+        let limit_label = several.then(|| {
+            name.clone()
                 .or_else(|| limit.map(|l| l.period_name()))
-                .unwrap_or_default();
-            metric_labels.push_str(",limit=\"");
-            crate::metrics::label_value(&mut metric_labels, &label);
-            metric_labels.push('"');
+                .unwrap_or_default()
+        });
+        if let Some(label) = &limit_label {
+            crate::metrics::push_label(&mut metric_labels, "limit", label);
         }
         Some(Rule {
             path: path.to_owned(),
@@ -331,6 +328,7 @@ impl Compiler {
                 line: if several { pos } else { descriptor_pos }.map_or(0, |p| p.0),
             },
             metric_labels,
+            limit_label: limit_label.map(Into::into),
             stats: std::sync::OnceLock::new(),
         })
     }

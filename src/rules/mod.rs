@@ -244,6 +244,9 @@ pub struct Rule {
     /// Prometheus labels for this limit (`domain="..",key1="..",...`),
     /// from the rule's path, never from request values.
     pub metric_labels: String,
+    /// For one of several limits (`rate_limits`), the `limit` label that
+    /// tells its metrics apart: its name, else its period.
+    pub limit_label: Option<Box<str>>,
     /// This rule's counters, found once (they outlive reloads).
     pub stats: std::sync::OnceLock<std::sync::Arc<crate::metrics::LimitStats>>,
 }
