@@ -464,6 +464,7 @@ fn settings_from_a_reference_deployment_are_honoured_and_mistakes_stop_start_up(
             ("HOST", "127.0.0.1"),
             ("LOG_LEVEL", "debug"),
             ("SHADOW_MODE", "false"),
+            ("QUOTA_MODE", "true"),
         ],
         &[],
     );
@@ -476,7 +477,7 @@ fn settings_from_a_reference_deployment_are_honoured_and_mistakes_stop_start_up(
         "{stdout}{stderr}"
     );
     assert!(
-        stderr.contains("rules=2"),
+        stderr.contains("rules=4"),
         "rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config: {stderr}"
     );
 
@@ -491,4 +492,6 @@ fn settings_from_a_reference_deployment_are_honoured_and_mistakes_stop_start_up(
     assert!(stderr.contains("REDIS_TYPE=sentinel"), "{stderr}");
     let (_, stderr) = run(&[("SHADOW_MODE", "maybe")], &[]);
     assert!(stderr.contains("SHADOW_MODE=maybe"), "{stderr}");
+    let (_, stderr) = run(&[("QUOTA_MODE", "maybe")], &[]);
+    assert!(stderr.contains("QUOTA_MODE=maybe"), "{stderr}");
 }

@@ -323,3 +323,33 @@ async fn detailed_metrics_of_several_limits_stay_apart() {
         assert!(metrics.contains(&series), "{series} in\n{metrics}");
     }
 }
+
+#[tokio::test]
+async fn global_quota_mode_refuses_only_when_every_descriptor_is_over() {
+    let (plain, _clock) = limiter();
+    let rules = plain.rules();
+    let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
+    let limiter = Limiter::new(
+        (*rules).clone(),
+        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Arc::new(clock.clone()),
+        LimiterOptions {
+            quota_mode: true,
+            ..LimiterOptions::default()
+        },
+    );
+    // vault allows 1, user 2 a minute: every descriptor is a quota one.
+    let both: &[&[(&str, &str)]] = &[&[("vault", "v")], &[("user", "u")]];
+    assert!(
+        !limiter
+            .should_rate_limit(&req(both))
+            .await
+            .expect("ok")
+            .over_limit
+    );
+    let second = limiter.should_rate_limit(&req(both)).await.expect("ok");
+    assert!(!second.over_limit, "user still admits");
+    assert!(second.statuses[0].over_limit && !second.statuses[1].over_limit);
+    let third = limiter.should_rate_limit(&req(both)).await.expect("ok");
+    assert!(third.over_limit, "both are over");
+}
