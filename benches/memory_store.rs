@@ -1,6 +1,8 @@
 //! Memory-store decisions per second: one hot key, and 100,000 distinct keys;
 //! both for the store alone and through the limiter (rule matching, key
-//! building, the store and the response, everything but gRPC).
+//! building, the store and the response, everything but gRPC); and what a
+//! descriptor with several limits (`rate_limits`) or a calendar limit costs
+//! against one ordinary limit.
 //!
 //! Run: `cargo bench --bench memory_store`
 
@@ -72,19 +74,44 @@ fn store(c: &mut Criterion) {
     group.finish();
 }
 
-fn limiter(c: &mut Criterion) {
-    let rules = "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 4000000000}\n";
+const ONE: &str = "domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 4000000000}
+";
+
+const SEVERAL: &str = "domain: api
+descriptors:
+  - key: remote_address
+    rate_limits:
+      - {unit: second, requests_per_unit: 4000000000, algorithm: token_bucket}
+      - {unit: minute, requests_per_unit: 4000000000}
+      - {unit: hour, requests_per_unit: 4000000000, algorithm: fixed_window}
+";
+
+const CALENDAR: &str = "domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: month, requests_per_unit: 4000000000, calendar: true, time_zone: Europe/Berlin}
+";
+
+/// A limiter on the memory store over `rules`.
+fn memory_limiter(rules: &str) -> Limiter {
     let rules = load_sources(
         &[(PathBuf::from("bench.yaml"), rules.into())],
         &LoadOptions::default(),
     )
     .expect("rules");
-    let limiter = Limiter::new(
+    Limiter::new(
         rules,
         Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
         Arc::new(SystemClock),
         LimiterOptions::default(),
-    );
+    )
+}
+
+fn limiter(c: &mut Criterion) {
+    let limiter = memory_limiter(ONE);
     let addresses: Vec<String> = (0..DISTINCT)
         .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
         .collect();
@@ -116,5 +143,30 @@ fn request(addr: &str) -> Request<'_> {
     }
 }
 
-criterion_group!(benches, store, limiter);
+/// One limit against three on the same descriptor, and a calendar month,
+/// over 100,000 keys through the limiter.
+fn several_limits(c: &mut Criterion) {
+    let addresses: Vec<String> = (0..DISTINCT)
+        .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
+        .collect();
+    let mut group = c.benchmark_group("limits_per_descriptor");
+    group.throughput(Throughput::Elements(1));
+    for (name, rules) in [
+        ("one", ONE),
+        ("three", SEVERAL),
+        ("calendar_month", CALENDAR),
+    ] {
+        let limiter = memory_limiter(rules);
+        let mut i = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % DISTINCT;
+                black_box(ready(limiter.should_rate_limit(&request(&addresses[i]))))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, store, limiter, several_limits);
 criterion_main!(benches);

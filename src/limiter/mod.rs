@@ -302,13 +302,14 @@ impl Limiter {
         if let Some(decided) = self.decide_now(request) {
             return decided;
         }
-        let (started, mut plan) = self.begin(request)?;
+        let mut plan = Plan::default();
+        let started = self.begin(request, &mut plan)?;
         let called = Instant::now();
         let result = match plan.checks.is_empty() {
             true => Ok(()),
             false => self.store.decide(&mut plan.checks, self.clock.now()).await,
         };
-        self.complete(started, called, plan, result)
+        self.complete(started, called, &mut plan, result)
     }
 
     /// Decides a request at once when the store can answer without waiting
@@ -319,8 +320,9 @@ impl Limiter {
         if !self.store.answers_at_once() {
             return None;
         }
-        let (started, mut plan) = match self.begin(request) {
-            Ok(begun) => begun,
+        let mut plan = Plan::default();
+        let started = match self.begin(request, &mut plan) {
+            Ok(started) => started,
             Err(e) => return Some(Err(e)),
         };
         let called = Instant::now();
@@ -328,14 +330,16 @@ impl Limiter {
             true => Ok(()),
             false => self.store.decide_now(&mut plan.checks, self.clock.now())?,
         };
-        Some(self.complete(started, called, plan, result))
+        Some(self.complete(started, called, &mut plan, result))
     }
 
-    /// Starts a decision: the plan, or the (counted) reason the request is refused.
-    fn begin(&self, request: &Request<'_>) -> Result<(Instant, Plan), LimitError> {
+    /// Starts a decision: fills in the plan (in place: it is large, and
+    /// moving it costs), or gives the (counted) reason the request is refused.
+    fn begin(&self, request: &Request<'_>, plan: &mut Plan) -> Result<Instant, LimitError> {
         let started = Instant::now();
-        let plan = self.plan(request).inspect_err(|e| self.count_error(e))?;
-        Ok((started, plan))
+        self.plan(request, plan)
+            .inspect_err(|e| self.count_error(e))?;
+        Ok(started)
     }
 
     /// Builds the decision from the store's answer (asked at `called`, if
@@ -344,7 +348,7 @@ impl Limiter {
         &self,
         started: Instant,
         called: Instant,
-        plan: Plan,
+        plan: &mut Plan,
         result: Result<(), StoreError>,
     ) -> Result<Decision, LimitError> {
         if !plan.checks.is_empty() {
@@ -359,13 +363,17 @@ impl Limiter {
 
     /// Resolves every descriptor to its limits (or none) and builds the
     /// store checks, one per limit.
-    fn plan(&self, request: &Request<'_>) -> Result<Plan, LimitError> {
+    fn plan(&self, request: &Request<'_>, plan: &mut Plan) -> Result<(), LimitError> {
         validate(request, &self.options.bounds)?;
         let rules = self.rules.load();
         let hits_default = u64::from(request.hits_addend.max(1));
-        let mut planned: SmallVec<[Planned; 4]> = SmallVec::new();
-        let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
-        let mut unlimited: SmallVec<[usize; 2]> = SmallVec::new();
+        plan.descriptors = request.descriptors.len();
+        let Plan {
+            planned,
+            checks,
+            unlimited,
+            ..
+        } = plan;
         let known_domain = rules.has_domain(request.domain);
         for (d, descriptor) in request.descriptors.iter().enumerate() {
             // As the reference: an unknown domain has no limits, even for overrides.
@@ -381,7 +389,7 @@ impl Limiter {
                     (None, limit, false),
                     &[],
                     hits_default,
-                    (&mut planned, &mut checks),
+                    (planned, checks),
                 );
                 continue;
             }
@@ -400,17 +408,12 @@ impl Limiter {
                     (Some(rule.clone()), limit, rule.shadow_mode),
                     &matched.shared,
                     hits_default,
-                    (&mut planned, &mut checks),
+                    (planned, checks),
                 );
             }
         }
-        drop_replaced(&mut planned, &mut checks);
-        Ok(Plan {
-            descriptors: request.descriptors.len(),
-            planned,
-            checks,
-            unlimited,
-        })
+        drop_replaced(planned, checks);
+        Ok(())
     }
 
     /// Adds one limit of descriptor `d` to the plan, with its store check.
@@ -449,13 +452,15 @@ impl Limiter {
     }
 
     /// Turns the store's outcomes (or its failure) into the decision.
-    fn finish(&self, plan: Plan, failed: Option<StoreError>) -> Result<Decision, LimitError> {
+    /// (The plan is borrowed: it is large, and moving it costs.)
+    fn finish(&self, plan: &mut Plan, failed: Option<StoreError>) -> Result<Decision, LimitError> {
         let Plan {
             descriptors,
             planned,
-            mut checks,
+            checks,
             unlimited,
         } = plan;
+        let descriptors = *descriptors;
         if let Some(err) = failed {
             if self.options.unavailable_on_store_error {
                 let err = LimitError::Unavailable(err);
@@ -463,9 +468,8 @@ impl Limiter {
                 return Err(err);
             }
             tracing::debug!(%err, "store failed; answering from failure modes");
-            self.apply_failure_modes(&planned, &mut checks);
+            self.apply_failure_modes(planned, checks);
         }
-        let now = self.clock.now();
         let mut statuses = Vec::with_capacity(descriptors);
         // `planned` and `unlimited` are in request order: walk them alongside.
         let mut limits = planned.iter().zip(checks.iter()).peekable();
@@ -484,7 +488,7 @@ impl Limiter {
                 }
                 let status = LimitStatus {
                     over_limit: !allowed && check.enforced,
-                    limit: applied(plan, now),
+                    limit: applied(plan, &*self.clock),
                     remaining,
                     reset,
                 };
@@ -531,6 +535,7 @@ impl Limiter {
 }
 
 /// A request resolved to limits, ready for the store.
+#[derive(Default)]
 struct Plan {
     /// Descriptors in the request.
     descriptors: usize,
@@ -541,7 +546,7 @@ struct Plan {
     unlimited: SmallVec<[usize; 2]>,
 }
 
-fn applied(plan: &Planned, now: Nanos) -> AppliedLimit {
+fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
     let (name, policy) = match &plan.rule {
         Some(rule) => (rule.reported_name.clone(), rule.policy_name.clone()),
         None => (Arc::from(""), Arc::from("override")),
@@ -554,7 +559,8 @@ fn applied(plan: &Planned, now: Nanos) -> AppliedLimit {
         window_seconds: match plan.limit.calendar {
             None => plan.limit.period_seconds(),
             Some(_) => {
-                let w = plan.limit.quota().window_at(now);
+                // Only calendar windows need the time (a clock read costs).
+                let w = plan.limit.quota().window_at(clock.now());
                 (w.end - w.start)
                     .div_ceil(crate::clock::NANOS_PER_SEC / crate::algorithm::NANOS_PER_TICK)
             }

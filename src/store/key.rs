@@ -37,11 +37,18 @@ impl CounterKey {
     ) -> Self {
         let mut key = CounterKey::default();
         key.push(domain.as_bytes());
-        key.bytes.push(algorithm as u8);
-        key.bytes.push(unit as u8);
-        key.bytes.extend_from_slice(&every.to_le_bytes());
-        // Empty for epoch-aligned periods; no IANA name is empty.
-        key.push(zone.unwrap_or("").as_bytes());
+        // The algorithm byte's high bits say which optional fields follow,
+        // so the common key (one unit, no calendar) is as short and as quick
+        // to build as ever: every request builds one per limit.
+        let flags = if every != 1 { EVERY } else { 0 } | if zone.is_some() { ZONE } else { 0 };
+        key.bytes
+            .extend_from_slice(&[algorithm as u8 | flags, unit as u8]);
+        if every != 1 {
+            key.bytes.extend_from_slice(&every.to_le_bytes());
+        }
+        if let Some(zone) = zone {
+            key.push(zone.as_bytes());
+        }
         key
     }
 
@@ -66,18 +73,31 @@ impl CounterKey {
     pub fn parts(&self) -> KeyParts<'_> {
         let mut rest = self.as_bytes();
         let domain = take_field(&mut rest).unwrap_or_default();
-        let (algorithm, unit, every) = match rest {
-            [a, u, e0, e1, e2, e3, tail @ ..] => {
+        let (algorithm, unit, flags) = match rest {
+            [a, u, tail @ ..] => {
                 rest = tail;
                 (
-                    Algorithm::ALL.get(usize::from(*a)).copied(),
+                    Algorithm::ALL
+                        .get(usize::from(*a & !(EVERY | ZONE)))
+                        .copied(),
                     Unit::ALL.get(usize::from(*u)).copied(),
-                    u32::from_le_bytes([*e0, *e1, *e2, *e3]),
+                    *a & (EVERY | ZONE),
                 )
             }
-            _ => (None, None, 1),
+            _ => (None, None, 0),
         };
-        let zone = take_field(&mut rest).filter(|z| !z.is_empty());
+        let mut every = 1;
+        if flags & EVERY != 0
+            && let [e0, e1, e2, e3, tail @ ..] = rest
+        {
+            every = u32::from_le_bytes([*e0, *e1, *e2, *e3]);
+            rest = tail;
+        }
+        let zone = if flags & ZONE != 0 {
+            take_field(&mut rest)
+        } else {
+            None
+        };
         let mut entries = SmallVec::new();
         while let (Some(k), Some(v)) = (take_field(&mut rest), take_field(&mut rest)) {
             entries.push((k, v));
@@ -92,6 +112,11 @@ impl CounterKey {
         }
     }
 }
+
+/// Flags on the algorithm byte: a unit multiplier (4 bytes) follows.
+const EVERY: u8 = 0x40;
+/// Flags on the algorithm byte: a calendar zone (a field) follows.
+const ZONE: u8 = 0x80;
 
 /// Reads one length-prefixed field off the front of `rest`. The fields were
 /// written from `&str`s, so they are always UTF-8.
@@ -139,6 +164,15 @@ mod tests {
         );
         let plain = CounterKey::new("api", Algorithm::TokenBucket, Unit::Week);
         assert_eq!((plain.parts().every, plain.parts().zone), (1, None));
+        let five = CounterKey::with_period("api", Algorithm::FixedWindow, Unit::Minute, 5, None);
+        assert_eq!(
+            (five.parts().unit, five.parts().every, five.parts().zone),
+            (Unit::Minute, 5, None)
+        );
+        assert_ne!(
+            five,
+            CounterKey::new("api", Algorithm::FixedWindow, Unit::Minute)
+        );
         assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
     }
 }
