@@ -47,6 +47,34 @@ fn redis_args<'a>(url: &'a str, timeout: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// Tollgate on `cluster`, with the suite's rules.
+fn on_cluster(cluster: &RedisCluster) -> Tollgate {
+    let urls = cluster.urls();
+    Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--redis-timeout",
+            "500ms",
+        ],
+    )
+}
+
+/// The hash slots of `keys`, as the cluster computes them.
+fn slots_of(cluster: &RedisCluster, keys: &[(String, i64)]) -> std::collections::HashSet<String> {
+    keys.iter()
+        .map(|(k, _)| {
+            cluster.nodes[0]
+                .cli(&["CLUSTER", "KEYSLOT", k])
+                .trim()
+                .to_owned()
+        })
+        .collect()
+}
+
 async fn code(server: &Tollgate, descriptors: &[&[(&str, &str)]]) -> Result<i32, tonic::Status> {
     let mut client = server.client().await;
     client
@@ -106,30 +134,10 @@ async fn one_script_call_per_request_whatever_the_descriptors() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_script_call_per_slot_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let server = Tollgate::start(
-        RULES,
-        &[
-            "--store",
-            "redis-cluster",
-            "--redis-url",
-            &urls,
-            "--redis-timeout",
-            "500ms",
-        ],
-    );
+    let server = on_cluster(&cluster);
     let three: &[&[(&str, &str)]] = &[&[("a", "1")], &[("b", "2")], &[("c", "3")]];
     code(&server, three).await.expect("warm up");
-    let slots: std::collections::HashSet<String> = cluster
-        .keys_with_ttl()
-        .iter()
-        .map(|(k, _)| {
-            cluster.nodes[0]
-                .cli(&["CLUSTER", "KEYSLOT", k])
-                .trim()
-                .to_owned()
-        })
-        .collect();
+    let slots = slots_of(&cluster, &cluster.keys_with_ttl());
     let before = cluster.calls("evalsha") + cluster.calls("eval");
     for _ in 0..10 {
         assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
@@ -150,18 +158,7 @@ async fn one_script_call_per_slot_on_a_cluster() {
 #[tokio::test(flavor = "multi_thread")]
 async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let server = Tollgate::start(
-        RULES,
-        &[
-            "--store",
-            "redis-cluster",
-            "--redis-url",
-            &urls,
-            "--redis-timeout",
-            "500ms",
-        ],
-    );
+    let server = on_cluster(&cluster);
     let many: &[&[(&str, &str)]] = &[&[("many", "key-1")]];
     code(&server, many).await.expect("warm up");
     // Three limits, four keys (the sliding window reads two), one hash tag.
@@ -174,15 +171,7 @@ async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
                 .any(|(k, _)| k.contains(":fw:month@Europe/Berlin:")),
         "{keys:?}"
     );
-    let slots: std::collections::HashSet<String> = keys
-        .iter()
-        .map(|(k, _)| {
-            cluster.nodes[0]
-                .cli(&["CLUSTER", "KEYSLOT", k])
-                .trim()
-                .to_owned()
-        })
-        .collect();
+    let slots = slots_of(&cluster, &keys);
     assert_eq!(slots.len(), 1, "one slot for the descriptor's limits");
     let before = cluster.calls("evalsha") + cluster.calls("eval");
     for _ in 0..10 {
