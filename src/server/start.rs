@@ -132,6 +132,7 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
     options.prefix = args.redis_prefix.clone();
     options.breaker_threshold = args.redis_breaker;
     options.over_limit_cache = args.over_limit_cache == OnOff::On;
+    options.batch.requests = args.redis_batch as usize;
     if let Some(path) = &args.redis_tls_ca {
         let ca = std::fs::read(path)
             .map_err(|e| StoreError::Config(format!("--redis-tls-ca {}: {e}", path.display())))?;

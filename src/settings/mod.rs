@@ -178,6 +178,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_BREAKER", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_breaker: u32,
 
+    /// Most concurrent requests one Redis script call decides together
+    /// (requests that arrive while a call is in flight share the next one;
+    /// 1 sends each request alone). Bounds how long one call holds Redis.
+    #[arg(long, env = "TOLLGATE_REDIS_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub redis_batch: u32,
+
     /// Answer keys known to be over their limit from memory until they reset.
     #[arg(long, env = "TOLLGATE_OVER_LIMIT_CACHE", value_enum, default_value_t = OnOff::Off)]
     pub over_limit_cache: OnOff,

@@ -1,10 +1,16 @@
--- One request's checks, decided together: all or nothing.
+-- Requests decided together in one call, in order; each all or nothing.
 --
--- KEYS: each check's keys in order (sliding window: current then previous
---       window; fixed window and token bucket: one key).
--- ARGV[1]: now, in microseconds since the epoch (the caller's clock: key
---          names carry the window number, so the caller must know it).
--- ARGV[2..]: seven per check:
+-- Concurrent requests waiting on one connection are coalesced into one call
+-- (see coalesce.rs): a script call costs Redis far more than the limiting
+-- logic, so one call for many requests is what makes Redis fast.
+--
+-- KEYS: every check's keys, request after request (sliding window: current
+--       then previous window; fixed window and token bucket: one key).
+-- ARGV[1]: the number of requests. Then per request:
+--   the number of checks,
+--   now, in microseconds since the epoch (the caller's clock: key names
+--   carry the window number, so the caller must know it),
+--   and seven per check:
 --   algorithm ('f', 's' or 't'),
 --   limit,
 --   windows: the window's first µs; token bucket: the period (µs),
@@ -12,83 +18,108 @@
 --   cost (admission needs room for this many; at least 1),
 --   charge (admission spends this many; 0 for a check),
 --   enforcement: '1' enforced, '0' shadow (never blocks), 'q' quota mode
---   (blocks only when every 'q' check of the call is refused), 'Q' quota
+--   (blocks only when every 'q' check of the request is refused), 'Q' quota
 --   mode decided by the caller (never blocks here; Cluster, across slots).
 -- Windows are computed by the caller (calendar months, multiples of a unit);
 -- key names already carry the window number.
--- Returns three integers per check, flat: allowed (1/0), remaining, wait (µs).
+-- Returns three integers per check, flat, in order: allowed (1/0),
+-- remaining, wait (µs).
 --
--- Every write is SET ... PXAT: the value and its expiry in one command, so a
--- counter without an expiry cannot exist, even for an instant. Nothing is
--- written when the request is refused.
+-- A later request sees what the earlier ones of the call spent, exactly as
+-- if each had been a call of its own. Every write is SET ... PXAT: the value
+-- and its expiry in one command, so a counter without an expiry cannot
+-- exist, even for an instant. Nothing is written for a refused request.
 --
--- Written for Redis's per-call cost: no closures or tables per check beyond
--- the result and the pending writes.
+-- Written for Redis's per-call cost: one GET per key per call, no closures
+-- per check.
 
-local now = tonumber(ARGV[1])
 local ARGS = 7
-local checks = (#ARGV - 1) / ARGS
 
--- Pending writes: key -> value, in order (a key may appear twice in a
--- request; the later check must see the earlier one's hits).
-local pending = {}
-local order = {}
+-- What the call has committed so far (key -> value, in order), what the
+-- current request would commit, and what Redis held before the call.
+local committed, committed_order = {}, {}
+local pending, pending_order = {}, {}
+local stored = {}
 local function read(key)
   local v = pending[key]
   if v ~= nil then return v end
-  return tonumber(redis.call('GET', key) or 0)
+  v = committed[key]
+  if v ~= nil then return v end
+  v = stored[key]
+  if v == nil then
+    v = tonumber(redis.call('GET', key) or 0)
+    stored[key] = v
+  end
+  return v
 end
 
 local out = {}
-local blocked = false
-local quota, quota_refused = 0, 0
+local o = 0
 local k = 1
-for i = 0, checks - 1 do
-  local b = 2 + i * ARGS
-  local alg = ARGV[b]
-  local k1, k2 = KEYS[k], nil
-  if alg == 's' then k2 = KEYS[k + 1]; k = k + 2 else k = k + 1 end
-  local allowed, remaining, wait, value, expires = ALGORITHMS[alg](
-    k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
-    tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), read)
-  local enforce = ARGV[b + 6]
-  if enforce == '1' then
-    if allowed == 0 then blocked = true end
-  elseif enforce == 'q' then
-    quota = quota + 1
-    if allowed == 0 then quota_refused = quota_refused + 1 end
-  end
-  if value ~= nil then
-    if pending[k1] == nil then order[#order + 1] = k1 end
-    pending[k1] = value
-    pending[k1 .. '\0exp'] = expires
-  end
-  out[i * 3 + 1] = allowed
-  out[i * 3 + 2] = remaining
-  out[i * 3 + 3] = wait
-end
-if quota > 0 and quota == quota_refused then blocked = true end
-
-if blocked then
-  -- Nothing is spent: report what the admitted checks had left before this request.
-  pending = {}
-  k = 1
+local a = 2
+for _ = 1, tonumber(ARGV[1]) do
+  local checks = tonumber(ARGV[a])
+  local now = tonumber(ARGV[a + 1])
+  local first, first_key = a + 2, k
+  pending, pending_order = {}, {}
+  local blocked = false
+  local quota, quota_refused = 0, 0
   for i = 0, checks - 1 do
-    local b = 2 + i * ARGS
+    local b = first + i * ARGS
     local alg = ARGV[b]
     local k1, k2 = KEYS[k], nil
     if alg == 's' then k2 = KEYS[k + 1]; k = k + 2 else k = k + 1 end
-    if out[i * 3 + 1] == 1 then
-      local _, remaining = ALGORITHMS[alg](
-        k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
-        1, 0, read)
-      out[i * 3 + 2] = remaining
+    local allowed, remaining, wait, value, expires = ALGORITHMS[alg](
+      k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+      tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), read)
+    local enforce = ARGV[b + 6]
+    if enforce == '1' then
+      if allowed == 0 then blocked = true end
+    elseif enforce == 'q' then
+      quota = quota + 1
+      if allowed == 0 then quota_refused = quota_refused + 1 end
+    end
+    if value ~= nil then
+      if pending[k1] == nil then pending_order[#pending_order + 1] = k1 end
+      pending[k1] = value
+      pending[k1 .. '\0exp'] = expires
+    end
+    out[o + i * 3 + 1] = allowed
+    out[o + i * 3 + 2] = remaining
+    out[o + i * 3 + 3] = wait
+  end
+  if quota > 0 and quota == quota_refused then blocked = true end
+
+  if blocked then
+    -- Nothing is spent: report what the admitted checks had left before
+    -- this request.
+    pending = {}
+    local kk = first_key
+    for i = 0, checks - 1 do
+      local b = first + i * ARGS
+      local alg = ARGV[b]
+      local k1, k2 = KEYS[kk], nil
+      if alg == 's' then k2 = KEYS[kk + 1]; kk = kk + 2 else kk = kk + 1 end
+      if out[o + i * 3 + 1] == 1 then
+        local _, remaining = ALGORITHMS[alg](
+          k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+          1, 0, read)
+        out[o + i * 3 + 2] = remaining
+      end
+    end
+  else
+    for _, key in ipairs(pending_order) do
+      if committed[key] == nil then committed_order[#committed_order + 1] = key end
+      committed[key] = pending[key]
+      committed[key .. '\0exp'] = pending[key .. '\0exp']
     end
   end
-else
-  for _, key in ipairs(order) do
-    -- Numbers reach Redis as integers (%.17g): µs timestamps stay exact.
-    redis.call('SET', key, pending[key], 'PXAT', math.ceil(pending[key .. '\0exp'] / 1000))
-  end
+  o = o + checks * 3
+  a = first + checks * ARGS
+end
+
+for _, key in ipairs(committed_order) do
+  -- Numbers reach Redis as integers (%.17g): µs timestamps stay exact.
+  redis.call('SET', key, committed[key], 'PXAT', math.ceil(committed[key .. '\0exp'] / 1000))
 end
 return out

@@ -17,6 +17,7 @@
 //! limiter answers from the failure modes) and probes Redis in the background
 //! until it answers. The outage and the recovery are logged once each.
 
+mod coalesce;
 mod keys;
 mod over_limit;
 
@@ -36,6 +37,8 @@ use super::{Check, StoreError, refused};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
 use crate::calendar::Window;
 use crate::clock::Nanos;
+pub use coalesce::BatchBounds;
+use coalesce::{CheckArgs, Part};
 use keys::{key_names, script_code};
 pub use over_limit::OverLimitCache;
 use redis::cluster_routing::Slot;
@@ -119,6 +122,8 @@ pub struct RedisOptions {
     pub over_limit_cache: bool,
     /// PEM CA certificates to trust for `rediss://` instead of the system's.
     pub tls_ca: Option<Vec<u8>>,
+    /// How many concurrent requests one script call may carry.
+    pub batch: BatchBounds,
 }
 
 impl RedisOptions {
@@ -132,6 +137,7 @@ impl RedisOptions {
             probe_interval: Duration::from_millis(250),
             over_limit_cache: false,
             tls_ca: None,
+            batch: BatchBounds::default(),
         }
     }
 }
@@ -198,7 +204,8 @@ thread_local! {
 /// One hash slot's share of a request.
 struct Group {
     checks: SmallVec<[usize; 4]>,
-    keys: SmallVec<[String; 4]>,
+    /// The checks' keys, in order; shared with the script call's [`Part`].
+    keys: Arc<[String]>,
     /// Each check's window, in ticks (the scripts take the caller's windows).
     windows: SmallVec<[Window; 4]>,
     /// Every enforced quota-mode check of the request is in this group, so
@@ -442,6 +449,7 @@ impl RedisStore {
     ) -> Result<SmallVec<[(Slot, Group); 2]>, StoreError> {
         let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
         let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
+        let mut names_of: SmallVec<[SmallVec<[String; 4]>; 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
             let window = check.quota.window_at(now);
             let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
@@ -450,24 +458,28 @@ impl RedisStore {
             } else {
                 Slot::for_key("")
             };
-            let group = match groups.iter().position(|(s, _)| *s == slot) {
-                Some(g) => &mut groups[g].1,
+            let g = match groups.iter().position(|(s, _)| *s == slot) {
+                Some(g) => g,
                 None => {
                     groups.push((
                         slot,
                         Group {
                             checks: SmallVec::new(),
-                            keys: SmallVec::new(),
+                            keys: Arc::new([]),
                             windows: SmallVec::new(),
                             quota_here: false,
                         },
                     ));
-                    &mut groups.last_mut().expect("just pushed").1
+                    names_of.push(SmallVec::new());
+                    groups.len() - 1
                 }
             };
-            group.checks.push(i);
-            group.windows.push(window);
-            group.keys.extend(names.into_iter().take(n));
+            groups[g].1.checks.push(i);
+            groups[g].1.windows.push(window);
+            names_of[g].extend(names.into_iter().take(n));
+        }
+        for ((_, group), names) in groups.iter_mut().zip(names_of) {
+            group.keys = names.into_iter().collect();
         }
         let ro: &[Check] = checks;
         for (_, group) in &mut groups {
@@ -477,16 +489,12 @@ impl RedisStore {
                 .any(|i| !group.checks.contains(&i));
             group.quota_here = !quota_elsewhere;
         }
-        let conn = self.conn().await?;
-        let calls = groups.iter().map(|(_, group)| {
-            let inv = self.batch_invocation(group, checks, now, true);
-            let mut conn = conn.clone();
-            async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
-        });
+        let calls = groups
+            .iter()
+            .map(|(slot, group)| self.decide_part(*slot, self.part(group, checks, now, true)));
         let replies = join_all(calls).await;
-        for ((_, group), reply) in groups.iter().zip(replies) {
-            let rows = parse_reply(reply?, group.checks.len())?;
-            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows) {
+        for ((_, group), rows) in groups.iter().zip(replies) {
+            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows?) {
                 checks[i].outcome = Some(Outcome {
                     allowed,
                     remaining,
@@ -498,23 +506,11 @@ impl RedisStore {
         Ok(groups)
     }
 
-    /// The batch script call for one slot's checks; `spend: false` asks
-    /// each check with zero hits (what is left, spending nothing). EVALSHA by
-    /// hash; after a Redis restart or failover (NOSCRIPT) the redis crate
-    /// loads the script and runs it again.
-    fn batch_invocation<'a>(
-        &'a self,
-        group: &'a Group,
-        checks: &[Check],
-        now: Nanos,
-        spend: bool,
-    ) -> redis::ScriptInvocation<'a> {
-        let mut inv = self.inner.batch.prepare_invoke();
-        for key in &group.keys {
-            inv.key(key.as_str());
-        }
-        inv.arg(now / NANOS_PER_TICK);
-        for (&i, window) in group.checks.iter().zip(&group.windows) {
+    /// One slot's checks of a request, as the batch script takes them;
+    /// `spend: false` asks each check with zero hits (what is left,
+    /// spending nothing).
+    fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
+        let args = group.checks.iter().zip(&group.windows).map(|(&i, window)| {
             let c = &checks[i];
             let (a, b) = match c.algorithm {
                 Algorithm::TokenBucket => (
@@ -524,21 +520,27 @@ impl RedisStore {
                 _ => (window.start, window.end),
             };
             let hits = c.quota.hits(if spend { c.hits } else { 0 });
-            let enforcement = match (c.enforced, c.quota_mode) {
+            let enforce = match (c.enforced, c.quota_mode) {
                 (false, _) => "0",
                 (true, false) => "1",
                 (true, true) if group.quota_here => "q",
                 (true, true) => "Q",
             };
-            inv.arg(script_code(c.algorithm))
-                .arg(c.quota.limit)
-                .arg(a)
-                .arg(b)
-                .arg(hits.cost)
-                .arg(hits.charge)
-                .arg(enforcement);
+            CheckArgs {
+                code: script_code(c.algorithm),
+                limit: c.quota.limit,
+                a,
+                b,
+                cost: hits.cost,
+                charge: hits.charge,
+                enforce,
+            }
+        });
+        Part {
+            keys: group.keys.clone(),
+            now_us: now / NANOS_PER_TICK,
+            checks: args.collect(),
         }
-        inv
     }
 
     /// Across hash slots each script call is all or nothing on its own; when
@@ -610,17 +612,16 @@ impl RedisStore {
         // As on one slot (and in memory), the admitted checks of a refused
         // request report what is left without it: read once more, spending
         // nothing, now that the refund is in.
-        let rereads = groups
-            .iter()
-            .filter(|(_, g)| !g.refused_here(ro))
-            .map(|(_, group)| {
-                let inv = self.batch_invocation(group, ro, now, false);
-                let mut conn = conn.clone();
-                async move {
-                    let reply = conn.invoke(&inv).await.map_err(|e| redis_error(&e))?;
-                    parse_reply(reply, group.checks.len()).map(|rows| (group, rows))
-                }
-            });
+        let rereads =
+            groups
+                .iter()
+                .filter(|(_, g)| !g.refused_here(ro))
+                .map(|(slot, group)| async move {
+                    let rows = self
+                        .decide_part(*slot, self.part(group, ro, now, false))
+                        .await?;
+                    Ok::<_, StoreError>((group, rows))
+                });
         let Ok(rereads) = tokio::time::timeout(timeout, join_all(rereads)).await else {
             return;
         };
