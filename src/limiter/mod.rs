@@ -442,6 +442,7 @@ impl Limiter {
         let enforced = !shadow && !self.options.shadow_mode;
         let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
         check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
+        check.lease = limit.lease;
         checks.push(check);
         planned.push(Planned {
             descriptor: d,

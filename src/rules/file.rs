@@ -52,6 +52,8 @@ pub(crate) struct RawRateLimit {
     pub(crate) calendar: Option<Spanned<bool>>,
     pub(crate) time_zone: Option<Spanned<Text>>,
     pub(crate) budget: Option<Spanned<bool>>,
+    pub(crate) consistency: Option<Spanned<Text>>,
+    pub(crate) lease: Option<Spanned<Count>>,
 }
 
 /// An entry of `replaces`.

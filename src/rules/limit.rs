@@ -43,6 +43,11 @@ pub(super) fn compile(
             ("calendar", rl.calendar.as_ref().map(|s| &s.referenced)),
             ("time_zone", rl.time_zone.as_ref().map(|s| &s.referenced)),
             ("budget", rl.budget.as_ref().map(|s| &s.referenced)),
+            (
+                "consistency",
+                rl.consistency.as_ref().map(|s| &s.referenced),
+            ),
+            ("lease", rl.lease.as_ref().map(|s| &s.referenced)),
         ] {
             if let Some(p) = p {
                 err(
@@ -163,6 +168,14 @@ pub(super) fn compile(
         },
     };
     let zone = calendar_zone(rl, path, pos, (unit, algorithm), options, err);
+    let mut lease = lease(rl, path, pos, (requests_per_unit, burst), err);
+    if lease.is_some_and(|l| l > 0) && rl.budget.as_ref().is_some_and(|b| b.value) {
+        err(
+            rl.lease.as_ref().and_then(|l| at(&l.referenced)).or(pos),
+            format!("'{path}' is a budget, charged after the fact; it cannot be leased"),
+        );
+        lease = None;
+    }
 
     let (
         Some(unit),
@@ -172,6 +185,7 @@ pub(super) fn compile(
         Some(failure_mode),
         Some(unit_multiplier),
         Some(zone),
+        Some(lease),
     ) = (
         unit,
         requests_per_unit,
@@ -180,6 +194,7 @@ pub(super) fn compile(
         failure_mode,
         unit_multiplier,
         zone,
+        lease,
     )
     else {
         return None;
@@ -193,6 +208,7 @@ pub(super) fn compile(
         burst: burst.max(1),
         failure_mode,
         budget: rl.budget.as_ref().is_some_and(|b| b.value),
+        lease,
     };
     // A bucket that takes centuries to refill would overflow the stores'
     // arithmetic; no one means it.
@@ -269,4 +285,66 @@ fn calendar_zone(
         },
     };
     (ok && zone.is_some()).then_some(zone)
+}
+
+/// `Some(0)` for an exact limit, `Some(n)` for `consistency: leased` with
+/// `lease: n`, `None` after reporting a problem.
+fn lease(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    (requests_per_unit, burst): (Option<u32>, Option<u32>),
+    err: Report<'_>,
+) -> Option<u32> {
+    let leased = match &rl.consistency {
+        None => false,
+        Some(c) => match c.value.0.as_str() {
+            "exact" => false,
+            "leased" => true,
+            other => {
+                err(
+                    at(&c.referenced).or(pos),
+                    format!("unknown consistency '{other}' in '{path}' (expected exact or leased)"),
+                );
+                return None;
+            }
+        },
+    };
+    match (&rl.lease, leased) {
+        (None, false) => Some(0),
+        (Some(l), false) => {
+            err(
+                at(&l.referenced).or(pos),
+                format!("'{path}' sets lease without `consistency: leased`"),
+            );
+            None
+        }
+        (None, true) => {
+            err(
+                rl.consistency
+                    .as_ref()
+                    .and_then(|c| at(&c.referenced))
+                    .or(pos),
+                format!(
+                    "'{path}' is leased but sets no `lease:` (the hits an instance takes at a time)"
+                ),
+            );
+            None
+        }
+        (Some(l), true) => {
+            // A lease above what the limit can ever hold is never granted.
+            let most = requests_per_unit.unwrap_or(0).max(burst.unwrap_or(0));
+            if l.value.0 == 0 || l.value.0 > most {
+                err(
+                    at(&l.referenced).or(pos),
+                    format!(
+                        "'{path}' lease {} must be from 1 to the limit ({most})",
+                        l.value.0
+                    ),
+                );
+                return None;
+            }
+            Some(l.value.0)
+        }
+    }
 }

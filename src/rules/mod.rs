@@ -157,6 +157,10 @@ pub struct Limit {
     pub failure_mode: Option<FailureMode>,
     /// A usage budget: admitted while anything is left, charged in full.
     pub budget: bool,
+    /// `consistency: leased`: hits each instance reserves from a shared
+    /// store at a time and spends locally; 0 for exact (every hit asks the
+    /// store).
+    pub lease: u32,
 }
 
 /// The longest period a limit may have: beyond it the stores' exact
@@ -175,6 +179,7 @@ impl Limit {
             burst: requests_per_unit,
             failure_mode: None,
             budget: false,
+            lease: 0,
         }
     }
 
@@ -303,6 +308,9 @@ impl fmt::Display for Rule {
                 }
                 if l.budget {
                     f.write_str(", budget")?;
+                }
+                if l.lease > 0 {
+                    write!(f, ", leased {}", l.lease)?;
                 }
                 if let Some(mode) = l.failure_mode {
                     write!(f, ", failure_mode {}", mode.name())?;

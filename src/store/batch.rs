@@ -26,6 +26,9 @@ pub struct Check {
     /// The reference's quota mode: an enforced denial blocks the request
     /// only when every quota-mode check of the request is denied.
     pub quota_mode: bool,
+    /// Hits to reserve at a time and spend locally (`consistency: leased`,
+    /// shared stores only); 0 asks the store for every hit.
+    pub lease: u32,
     /// The answer, filled in by the store.
     pub outcome: Option<Outcome>,
 }
@@ -46,6 +49,7 @@ impl Check {
             hits,
             enforced,
             quota_mode: false,
+            lease: 0,
             outcome: None,
         }
     }

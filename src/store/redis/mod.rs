@@ -19,6 +19,7 @@
 
 mod coalesce;
 mod keys;
+mod lease;
 mod over_limit;
 
 use std::cell::RefCell;
@@ -177,6 +178,8 @@ struct Inner {
     /// Bumped after an outage so that threads drop their old connections.
     generation: AtomicUsize,
     over_limit: Option<OverLimitCache>,
+    /// Local balances of leased keys (`consistency: leased`).
+    leases: lease::Leases,
 }
 
 /// The Redis or Redis Cluster store.
@@ -267,6 +270,7 @@ impl RedisStore {
                 open: AtomicBool::new(false),
                 confirming: AtomicBool::new(false),
                 generation: AtomicUsize::new(0),
+                leases: lease::Leases::default(),
             }),
         })
     }
@@ -357,6 +361,14 @@ impl RedisStore {
 
     /// Decides `checks` at `now`, all or nothing.
     pub async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        if checks.iter().any(|c| c.lease > 0) {
+            return self.decide_leased(checks, now).await;
+        }
+        self.decide_exact(checks, now).await
+    }
+
+    /// Decides `checks` at `now` in Redis, all or nothing.
+    async fn decide_exact(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
         if self.circuit_open() {
             return Err(StoreError::CircuitOpen);
         }

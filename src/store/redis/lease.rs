@@ -1,0 +1,195 @@
+//! Leases for hot keys (`consistency: leased` with `lease: N`): an instance
+//! reserves N hits of a key's budget from Redis at a time and spends them
+//! locally, so a hot key costs one script call per N hits instead of one per
+//! request.
+//!
+//! The reservation rides along with a request that has to ask Redis anyway:
+//! next to the request's own check, the script gets a *grab* of N hits on
+//! the same counter, in shadow mode (it never refuses the request). Redis
+//! counts the grabbed hits as spent at once, so the limit holds exactly:
+//! every hit an instance admits locally was counted in Redis first. Near the
+//! limit, when fewer than N are left, the grab is refused and each request
+//! asks Redis as usual, so the last hits of a window are not stranded in one
+//! instance.
+//!
+//! What a lease costs instead: hits reserved and never used (an instance
+//! holding a lease when its window ends, or one that dies holding one) are
+//! lost to everyone until the window ends: at most `instances x (N - 1)`
+//! fewer admissions per window, never more. For a token bucket the grabbed
+//! tokens leave the bucket when grabbed; a lease is spent within the time
+//! its tokens represent (N emission intervals), and a burst may exceed the
+//! bucket by at most `instances x N`. A refused request spends nothing,
+//! locally or in Redis.
+//!
+//! `remaining` for a hit served from a lease is what this instance's lease
+//! has left; the memory store ignores leases (one instance holds every hit).
+
+use std::collections::HashMap;
+
+use smallvec::SmallVec;
+
+use super::RedisStore;
+use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
+use crate::clock::Nanos;
+use crate::store::{Check, StoreError, refused};
+
+/// Leases kept at most; past it, expired ones are dropped, then new ones are
+/// not kept (their hits stay spent in Redis: fewer admissions, never more).
+const MAX_LEASES: usize = 100_000;
+
+/// One key's local balance.
+struct Lease {
+    /// The window it was granted in (windows); leases die with their window.
+    window: u64,
+    /// When it stops being valid.
+    until: Nanos,
+    /// Hits left.
+    balance: u64,
+}
+
+/// This process's leases, by counter key.
+#[derive(Default)]
+pub(super) struct Leases {
+    table: parking_lot::Mutex<HashMap<Box<[u8]>, Lease>>,
+}
+
+/// The lease window of a check at `now`, and until when a lease granted now
+/// stays valid.
+fn validity(check: &Check, now: Nanos) -> (u64, Nanos) {
+    match check.algorithm {
+        Algorithm::TokenBucket => {
+            let interval = check.quota.period / u64::from(check.quota.limit.max(1));
+            (0, now + interval.saturating_mul(u64::from(check.lease)))
+        }
+        _ => {
+            let window = check.quota.window_at(now);
+            (window.index, window.end.saturating_mul(NANOS_PER_TICK))
+        }
+    }
+}
+
+impl Leases {
+    /// Serves what it can of `checks` from local balances, taking the hits:
+    /// fills those checks' outcomes and returns `(check, hits taken)`.
+    fn take(&self, checks: &mut [Check], now: Nanos) -> SmallVec<[(usize, u64); 4]> {
+        let mut taken = SmallVec::new();
+        let mut table = self.table.lock();
+        for (i, check) in checks.iter_mut().enumerate() {
+            if check.lease == 0 {
+                continue;
+            }
+            let (window, _) = validity(check, now);
+            let Some(lease) = table.get_mut(check.key.as_bytes()) else {
+                continue;
+            };
+            if lease.window != window || lease.until <= now {
+                continue;
+            }
+            let charge = check.charge();
+            if lease.balance < charge.max(1) {
+                continue;
+            }
+            lease.balance -= charge;
+            taken.push((i, charge));
+            check.outcome = Some(Outcome {
+                allowed: true,
+                remaining: u32::try_from(lease.balance).unwrap_or(u32::MAX),
+                wait: lease.until - now,
+                commit: None,
+            });
+        }
+        taken
+    }
+
+    /// Gives back what `take` took (the request was refused or not decided).
+    fn give_back(&self, checks: &[Check], taken: &[(usize, u64)]) {
+        let mut table = self.table.lock();
+        for &(i, hits) in taken {
+            if let Some(lease) = table.get_mut(checks[i].key.as_bytes()) {
+                lease.balance += hits;
+            }
+        }
+    }
+
+    /// Adds a granted lease of `check`.
+    fn grant(&self, check: &Check, now: Nanos) {
+        let (window, until) = validity(check, now);
+        let mut table = self.table.lock();
+        if table.len() >= MAX_LEASES {
+            table.retain(|_, l| l.until > now);
+            if table.len() >= MAX_LEASES {
+                return;
+            }
+        }
+        let lease = table.entry(check.key.as_bytes().into()).or_insert(Lease {
+            window,
+            until,
+            balance: 0,
+        });
+        if lease.window != window || lease.until <= now {
+            *lease = Lease {
+                window,
+                until,
+                balance: 0,
+            };
+        }
+        lease.balance += u64::from(check.lease);
+    }
+}
+
+impl RedisStore {
+    /// Decides a request with leased checks: from local leases where they
+    /// suffice, else through Redis with a grab for each leased check.
+    pub(super) async fn decide_leased(
+        &self,
+        checks: &mut [Check],
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        let leases = &self.inner.leases;
+        let taken = leases.take(checks, now);
+        if taken.len() == checks.len() {
+            return Ok(());
+        }
+        // The rest goes to Redis, with the grabs after it.
+        let mut asked: SmallVec<[Check; 4]> = SmallVec::new();
+        let mut origin: SmallVec<[usize; 4]> = SmallVec::new();
+        for (i, check) in checks.iter().enumerate() {
+            if check.outcome.is_none() {
+                asked.push(check.clone());
+                origin.push(i);
+            }
+        }
+        let own = asked.len();
+        for i in 0..own {
+            let check = &asked[i];
+            if check.lease > 0 && check.charge() > 0 {
+                let mut grab = check.clone();
+                grab.hits = u64::from(check.lease);
+                // A grab never refuses the request, and no quota-mode rule
+                // counts it.
+                grab.enforced = false;
+                grab.quota_mode = false;
+                asked.push(grab);
+            }
+        }
+        let decided = self.decide_exact(&mut asked, now).await;
+        if let Err(e) = decided {
+            leases.give_back(checks, &taken);
+            return Err(e);
+        }
+        for (check, &i) in asked[..own].iter().zip(&origin) {
+            checks[i].outcome = check.outcome;
+        }
+        if refused(checks.iter()) {
+            leases.give_back(checks, &taken);
+            return Ok(());
+        }
+        for grab in asked[own..]
+            .iter()
+            .filter(|g| g.outcome.is_some_and(|o| o.allowed))
+        {
+            leases.grant(grab, now);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! Leases (`consistency: leased`): two Tollgate instances (two limiters with
+//! stores of their own) on one real Redis, with a manual clock. Leased hits
+//! are counted in Redis when granted, so the limit holds exactly; a hot key
+//! costs a script call per lease instead of per request; an instance that
+//! dies holding a lease strands at most its lease until the window ends; a
+//! refused request spends nothing.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis::RedisServer;
+use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC};
+use tollgate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
+use tollgate::rules::{LoadOptions, load_sources};
+use tollgate::store::Store;
+use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+
+const RULES: &str = "domain: l
+descriptors:
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window, consistency: leased, lease: 10}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window, consistency: leased, lease: 10}
+  - key: gate
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+";
+
+fn instance(redis: &RedisServer, clock: &ManualClock) -> Limiter {
+    let rules = load_sources(
+        &[(PathBuf::from("l.yaml"), RULES.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_secs(2);
+    let store = Store::Redis(RedisStore::new(options).expect("store"));
+    let options = LimiterOptions {
+        unavailable_on_store_error: true,
+        ..LimiterOptions::default()
+    };
+    Limiter::new(rules, store, Arc::new(clock.clone()), options)
+}
+
+fn request<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
+    Request {
+        domain: "l",
+        descriptors: descriptors
+            .iter()
+            .map(|e| Descriptor {
+                entries: e.iter().copied().collect(),
+                ..Descriptor::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn admitted(limiter: &Limiter, descriptors: &[&[(&str, &str)]], n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        let d = limiter
+            .should_rate_limit(&request(descriptors))
+            .await
+            .expect("decided");
+        admitted += usize::from(!d.over_limit);
+    }
+    admitted
+}
+
+fn start_clock() -> ManualClock {
+    ManualClock::new(common::next_whole_hour() + NANOS_PER_SEC)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_admit_exactly_the_limit_in_a_call_per_lease() {
+    for key in ["hot", "sliding"] {
+        let redis = RedisServer::start();
+        let clock = start_clock();
+        let (a, b) = (instance(&redis, &clock), instance(&redis, &clock));
+        let d: &[&[(&str, &str)]] = &[&[(key, "k")]];
+        let before = redis.calls("evalsha") + redis.calls("eval");
+        let mut total = 0;
+        // Alternating, and far past the limit.
+        for _ in 0..75 {
+            total += admitted(&a, d, 1).await + admitted(&b, d, 1).await;
+        }
+        let calls = redis.calls("evalsha") + redis.calls("eval") - before;
+        assert_eq!(total, 100, "{key}: leased hits are counted when granted");
+        // 100 admitted in leases of 10 (11 hits a call: the request and its
+        // grab), then one call per refused request near and past the limit.
+        assert!(calls <= 70, "{key}: {calls} script calls for 150 requests");
+        assert!(
+            redis.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0),
+            "{key}: every key expires"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_dies_holding_a_lease_strands_at_most_its_lease() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let d: &[&[(&str, &str)]] = &[&[("hot", "k")]];
+    {
+        let a = instance(&redis, &clock);
+        // One request: its hit and a lease of 10 are counted in Redis.
+        assert_eq!(admitted(&a, d, 1).await, 1);
+        // `a` dies here, holding 10 unused hits.
+    }
+    let b = instance(&redis, &clock);
+    assert_eq!(
+        admitted(&b, d, 200).await,
+        89,
+        "100 - 1 used - 10 stranded: fewer admissions, never more"
+    );
+    // The stranded hits come back with the next window.
+    clock.set(clock.now() + 3_600 * NANOS_PER_SEC);
+    assert_eq!(admitted(&b, d, 200).await, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_spends_nothing_of_a_lease() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let a = instance(&redis, &clock);
+    let hot: &[(&str, &str)] = &[("hot", "k")];
+    // A lease is taken (1 + 10 counted in Redis), then `gate` (1 an hour)
+    // is spent.
+    assert_eq!(admitted(&a, &[hot, &[("gate", "g")]], 1).await, 1);
+    // Refused by `gate`: the hot key's hit, served from the lease, is given back.
+    assert_eq!(admitted(&a, &[hot, &[("gate", "g")]], 5).await, 0);
+    // 99 are left for the hot key, in Redis and in the lease together.
+    assert_eq!(admitted(&a, &[hot], 200).await, 99);
+}
