@@ -35,10 +35,11 @@
 
 local ARGS = 7
 
--- What the call has committed so far (key -> value, in order), what the
--- current request would commit, and what Redis held before the call.
-local committed, committed_order = {}, {}
-local pending, pending_order = {}, {}
+-- What the call has committed so far (key -> value and expiry, in order),
+-- what the current request would commit, and what Redis held before the
+-- call. The pending tables are emptied, not made anew, for each request.
+local committed, committed_exp, committed_order = {}, {}, {}
+local pending, pending_exp, pending_order = {}, {}, {}
 local stored = {}
 local function read(key)
   local v = pending[key]
@@ -61,7 +62,12 @@ for _ = 1, tonumber(ARGV[1]) do
   local checks = tonumber(ARGV[a])
   local now = tonumber(ARGV[a + 1])
   local first, first_key = a + 2, k
-  pending, pending_order = {}, {}
+  for i = #pending_order, 1, -1 do
+    local key = pending_order[i]
+    pending[key] = nil
+    pending_exp[key] = nil
+    pending_order[i] = nil
+  end
   local blocked = false
   local quota, quota_refused = 0, 0
   for i = 0, checks - 1 do
@@ -82,7 +88,7 @@ for _ = 1, tonumber(ARGV[1]) do
     if value ~= nil then
       if pending[k1] == nil then pending_order[#pending_order + 1] = k1 end
       pending[k1] = value
-      pending[k1 .. '\0exp'] = expires
+      pending_exp[k1] = expires
     end
     out[o + i * 3 + 1] = allowed
     out[o + i * 3 + 2] = remaining
@@ -93,7 +99,10 @@ for _ = 1, tonumber(ARGV[1]) do
   if blocked then
     -- Nothing is spent: report what the admitted checks had left before
     -- this request.
-    pending = {}
+    for i = #pending_order, 1, -1 do
+      pending[pending_order[i]] = nil
+      pending_order[i] = nil
+    end
     local kk = first_key
     for i = 0, checks - 1 do
       local b = first + i * ARGS
@@ -111,7 +120,7 @@ for _ = 1, tonumber(ARGV[1]) do
     for _, key in ipairs(pending_order) do
       if committed[key] == nil then committed_order[#committed_order + 1] = key end
       committed[key] = pending[key]
-      committed[key .. '\0exp'] = pending[key .. '\0exp']
+      committed_exp[key] = pending_exp[key]
     end
   end
   o = o + checks * 3
@@ -120,6 +129,6 @@ end
 
 for _, key in ipairs(committed_order) do
   -- Numbers reach Redis as integers (%.17g): µs timestamps stay exact.
-  redis.call('SET', key, committed[key], 'PXAT', math.ceil(committed[key .. '\0exp'] / 1000))
+  redis.call('SET', key, committed[key], 'PXAT', math.ceil(committed_exp[key] / 1000))
 end
 return out

@@ -5,17 +5,20 @@
 //! that only returns 1 tops out near 90k calls/s on the development
 //! machine), so one call per request caps the Redis path far below the
 //! memory store. Here each worker thread keeps, per store and slot, a queue
-//! and an "in flight" lock. A request queues its share of the call (its
-//! [`Part`]) and takes the lock: if no call is in flight it sends at once,
-//! alone (an idle server adds no delay); if one is, it waits, and whoever
-//! takes the lock next sends everything queued meanwhile as one call, up to
-//! the bounds. `batch.lua` decides the parts in queue order, each all or
-//! nothing, each seeing what the earlier ones spent: exactly the decisions
-//! of one call per request, made in that order.
+//! with at most one call in flight. A request (its share of the call, a
+//! [`Part`]) that finds no call in flight sends at once, alone: an idle
+//! server adds no delay. One that finds a call in flight queues and waits;
+//! when the call returns, its sender hands every waiter its rows and hands
+//! the first waiter the lead, which sends its own part and everything queued
+//! behind it as the next call, up to the bounds. Each request is woken once.
+//! `batch.lua` decides the parts in queue order, each all or nothing, each
+//! seeing what the earlier ones spent: exactly the decisions of one call per
+//! request, made in that order.
 //!
-//! A request that gives up while queued (its deadline passed) is skipped;
-//! one whose call was abandoned half-way (the sender's deadline passed) is
-//! answered with a timeout, like a call of its own that timed out.
+//! A request that gives up while queued (its deadline passed) is skipped,
+//! and if it had been told to lead, the lead passes on; one whose call was
+//! abandoned half-way (the sender's deadline passed) is answered with a
+//! timeout, like a call of its own that timed out.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -54,7 +57,13 @@ pub(super) type Rows = Vec<(bool, u32, u64)>;
 
 struct Queued {
     part: Part,
-    answer: oneshot::Sender<Result<Rows, StoreError>>,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// What a queued request is told: its rows, or that it sends the next call.
+enum Answer {
+    Rows(Result<Rows, StoreError>),
+    Lead(Part),
 }
 
 /// How much one call may carry: the script runs while Redis serves no one
@@ -76,35 +85,76 @@ impl Default for BatchBounds {
     }
 }
 
-/// One slot's queue on one thread.
+/// One slot's queue on one thread: the requests waiting, and whether a call
+/// is in flight (then exactly one request, the leader, owns it).
 #[derive(Default)]
 struct Queue {
-    waiting: parking_lot::Mutex<VecDeque<Queued>>,
-    in_flight: tokio::sync::Mutex<()>,
+    state: parking_lot::Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<Queued>,
+    in_flight: bool,
 }
 
 impl Queue {
-    /// The next call's parts, from the front: live ones, within `bounds`.
-    fn take(&self, bounds: BatchBounds) -> Vec<Queued> {
-        let mut waiting = self.waiting.lock();
+    /// Parts to send with the leader's `checks`, from the front: live ones,
+    /// within `bounds`.
+    fn take(&self, bounds: BatchBounds, mut checks: usize) -> Vec<Queued> {
+        let mut state = self.state.lock();
         let mut batch: Vec<Queued> = Vec::new();
-        let mut checks = 0;
-        while let Some(next) = waiting.front() {
+        while let Some(next) = state.waiting.front() {
             if next.answer.is_closed() {
                 // Its request stopped waiting: nothing to decide, nothing to spend.
-                waiting.pop_front();
+                state.waiting.pop_front();
                 continue;
             }
             let size = next.part.checks.len();
-            let full = batch.len() >= bounds.requests.max(1)
-                || (!batch.is_empty() && checks + size > bounds.checks);
-            if full {
+            if batch.len() + 1 >= bounds.requests.max(1) || checks + size > bounds.checks {
                 break;
             }
             checks += size;
-            batch.extend(waiting.pop_front());
+            batch.extend(state.waiting.pop_front());
         }
         batch
+    }
+
+    /// The leader's call is over (or abandoned): the first live waiter
+    /// leads the next call, or the queue goes idle.
+    fn pass_lead(&self) {
+        let mut state = self.state.lock();
+        while let Some(next) = state.waiting.pop_front() {
+            if next.answer.send(Answer::Lead(next.part)).is_ok() {
+                return;
+            }
+        }
+        state.in_flight = false;
+    }
+}
+
+/// Held by the leader: passes the lead on however the call ends, so a
+/// leader whose request gives up cannot stall the queue.
+struct Leading<'a>(&'a Queue);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        self.0.pass_lead();
+    }
+}
+
+/// A queued request's wait. If it gives up after being told to lead but
+/// before leading, the lead passes on.
+struct Waiting<'a> {
+    queue: &'a Queue,
+    answered: Option<oneshot::Receiver<Answer>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(Ok(Answer::Lead(_))) = self.answered.as_mut().map(|a| a.try_recv()) {
+            self.queue.pass_lead();
+        }
     }
 }
 
@@ -124,27 +174,43 @@ impl RedisStore {
                 .or_default()
                 .clone()
         });
-        let (answer, mut answered) = oneshot::channel();
-        queue.waiting.lock().push_back(Queued { part, answer });
-        loop {
-            let _in_flight = queue.in_flight.lock().await;
-            match answered.try_recv() {
-                Ok(rows) => return rows,
-                // The call carrying it was abandoned by its sender.
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    return Err(StoreError::Timeout(self.inner.options.timeout));
-                }
-                Err(oneshot::error::TryRecvError::Empty) => {}
+        let (answer, answered) = oneshot::channel();
+        let lead = {
+            let mut state = queue.state.lock();
+            if state.in_flight {
+                state.waiting.push_back(Queued { part, answer });
+                None
+            } else {
+                state.in_flight = true;
+                Some(part)
             }
-            // Ours is still queued: send the front of the queue, ours among
-            // it unless the bounds cut it off (then the next round).
-            let batch = queue.take(self.inner.options.batch);
-            let reply = {
-                let parts: SmallVec<[&Part; 8]> = batch.iter().map(|q| &q.part).collect();
-                self.send(&parts).await
-            };
-            deliver(batch, reply);
-        }
+        };
+        let part = match lead {
+            Some(part) => part,
+            None => {
+                let mut waiting = Waiting {
+                    queue: &queue,
+                    answered: Some(answered),
+                };
+                let told = waiting.answered.as_mut().expect("set above").await;
+                waiting.answered = None;
+                match told {
+                    Ok(Answer::Rows(rows)) => return rows,
+                    Ok(Answer::Lead(part)) => part,
+                    // The call carrying it was abandoned by its sender.
+                    Err(_) => return Err(StoreError::Timeout(self.inner.options.timeout)),
+                }
+            }
+        };
+        let _leading = Leading(&queue);
+        let others = queue.take(self.inner.options.batch, part.checks.len());
+        let reply = {
+            let mut parts: SmallVec<[&Part; 8]> = SmallVec::with_capacity(others.len() + 1);
+            parts.push(&part);
+            parts.extend(others.iter().map(|q| &q.part));
+            self.send(&parts).await
+        };
+        deliver(part.checks.len(), others, reply)
     }
 
     /// One script call for `parts`.
@@ -171,22 +237,29 @@ impl RedisStore {
     }
 }
 
-/// Hands each queued request its rows (or the call's error).
-fn deliver(batch: Vec<Queued>, reply: Result<Value, StoreError>) {
-    let total: usize = batch.iter().map(|q| q.part.checks.len()).sum();
-    let rows = reply.and_then(|v| parse_reply(v, total));
-    let mut rows = match rows {
-        Ok(rows) => rows.into_iter(),
+/// Hands each queued request its rows (or the call's error); returns the
+/// leader's, the first `own` rows.
+fn deliver(
+    own: usize,
+    others: Vec<Queued>,
+    reply: Result<Value, StoreError>,
+) -> Result<Rows, StoreError> {
+    let total = own + others.iter().map(|q| q.part.checks.len()).sum::<usize>();
+    let rows = match reply.and_then(|v| parse_reply(v, total)) {
+        Ok(rows) => rows,
         Err(e) => {
-            for queued in batch {
-                let _ = queued.answer.send(Err(e.clone()));
+            for queued in others {
+                let _ = queued.answer.send(Answer::Rows(Err(e.clone())));
             }
-            return;
+            return Err(e);
         }
     };
-    for queued in batch {
-        let mine: Rows = rows.by_ref().take(queued.part.checks.len()).collect();
+    let mut rows = rows.into_iter();
+    let mine: Rows = rows.by_ref().take(own).collect();
+    for queued in others {
+        let theirs: Rows = rows.by_ref().take(queued.part.checks.len()).collect();
         // A request that stopped waiting no longer reads its answer.
-        let _ = queued.answer.send(Ok(mine));
+        let _ = queued.answer.send(Answer::Rows(Ok(theirs)));
     }
+    Ok(mine)
 }

@@ -501,12 +501,8 @@ impl RedisStore {
                 .any(|i| !group.checks.contains(&i));
             group.quota_here = !quota_elsewhere;
         }
-        let calls = groups
-            .iter()
-            .map(|(slot, group)| self.decide_part(*slot, self.part(group, checks, now, true)));
-        let replies = join_all(calls).await;
-        for ((_, group), rows) in groups.iter().zip(replies) {
-            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows?) {
+        let fill = |checks: &mut [Check], group: &Group, rows: coalesce::Rows| {
+            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows) {
                 checks[i].outcome = Some(Outcome {
                     allowed,
                     remaining,
@@ -514,6 +510,21 @@ impl RedisStore {
                     commit: None,
                 });
             }
+        };
+        if let [(slot, group)] = groups.as_slice() {
+            // One slot (always, on a standalone Redis): no futures to gather.
+            let rows = self
+                .decide_part(*slot, self.part(group, checks, now, true))
+                .await?;
+            fill(checks, group, rows);
+            return Ok(groups);
+        }
+        let calls = groups
+            .iter()
+            .map(|(slot, group)| self.decide_part(*slot, self.part(group, checks, now, true)));
+        let replies = join_all(calls).await;
+        for ((_, group), rows) in groups.iter().zip(replies) {
+            fill(checks, group, rows?);
         }
         Ok(groups)
     }

@@ -18,10 +18,17 @@ local function earliest(previous, room, n)
   return e
 end
 
+-- Steps by period: a call decides many requests over a few periods.
+local STEPS = {}
+
 ALGORITHMS['s'] = function(key, previous_key, now, limit, window_start, window_end, cost, charge, read)
   local period = window_end - window_start
-  local step = 1
-  while math.ceil(period / step) > MAX_STEPS do step = step * 10 end
+  local step = STEPS[period]
+  if step == nil then
+    step = 1
+    while math.ceil(period / step) > MAX_STEPS do step = step * 10 end
+    STEPS[period] = step
+  end
   local n = math.ceil(period / step)
   local offset = now - window_start
   local elapsed = math.floor(offset / step)
