@@ -63,7 +63,8 @@ struct Queued {
 /// What a queued request is told: its rows, or that it sends the next call.
 enum Answer {
     Rows(Result<Rows, StoreError>),
-    Lead(Part),
+    // Boxed: a part is large, and a lead is handed on once per call.
+    Lead(Box<Part>),
 }
 
 /// How much one call may carry: the script runs while Redis serves no one
@@ -125,7 +126,7 @@ impl Queue {
     fn pass_lead(&self) {
         let mut state = self.state.lock();
         while let Some(next) = state.waiting.pop_front() {
-            if next.answer.send(Answer::Lead(next.part)).is_ok() {
+            if next.answer.send(Answer::Lead(Box::new(next.part))).is_ok() {
                 return;
             }
         }
@@ -196,7 +197,7 @@ impl RedisStore {
                 waiting.answered = None;
                 match told {
                     Ok(Answer::Rows(rows)) => return rows,
-                    Ok(Answer::Lead(part)) => part,
+                    Ok(Answer::Lead(part)) => *part,
                     // The call carrying it was abandoned by its sender.
                     Err(_) => return Err(StoreError::Timeout(self.inner.options.timeout)),
                 }
