@@ -201,6 +201,38 @@ async fn malformed_bodies_and_content_types_are_the_clients_error() {
     assert_eq!(grpc.as_deref(), Some("3"), "INVALID_ARGUMENT");
     let (status, _) = raw_call(server.addr, "application/json", b"{}".to_vec(), false).await;
     assert_eq!(status, 415, "a non-gRPC content type is refused");
+    // Framing: a compressed message, no message, two messages, a length
+    // prefix above the bound. Each gets a gRPC status, never a crash.
+    let ok = frame(&[0x0a, 2, b'g', b'w']);
+    let mut compressed = ok.clone();
+    compressed[0] = 1;
+    let two = [ok.clone(), ok.clone()].concat();
+    let mut huge_prefix = ok.clone();
+    huge_prefix[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+    for (body, code, what) in [
+        (compressed, "12", "UNIMPLEMENTED for a compressed message"),
+        (Vec::new(), "3", "INVALID_ARGUMENT for no message"),
+        (vec![0, 0], "3", "INVALID_ARGUMENT for a cut prefix"),
+        (two, "3", "INVALID_ARGUMENT for two messages"),
+        (
+            huge_prefix,
+            "8",
+            "RESOURCE_EXHAUSTED for a length above the bound",
+        ),
+    ] {
+        let (status, grpc) = raw_call(server.addr, "application/grpc", body, false).await;
+        assert_eq!((status, grpc.as_deref()), (200, Some(code)), "{what}");
+    }
+    let valid = frame(&prost::Message::encode_to_vec(&request(
+        "gw",
+        &[&[("user", "a")]],
+    )));
+    let (_, grpc) = raw_call(server.addr, "application/grpc", valid, false).await;
+    assert_eq!(
+        grpc.as_deref(),
+        Some("0"),
+        "a well-formed call still answers"
+    );
     // An out-of-range numeric unit on /json is refused, not truncated.
     let body = r#"{"domain":"gw","descriptors":[{"entries":[{"key":"user","value":"u"}],
         "limit":{"requestsPerUnit":5,"unit":4294967298}}]}"#;

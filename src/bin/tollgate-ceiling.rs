@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use http_body::{Body as _, Frame};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prost::Message;
@@ -32,32 +32,6 @@ fn ok_frame() -> Bytes {
     frame.into()
 }
 
-/// The answer: one data frame, then `grpc-status: 0` in the trailers.
-struct OkBody {
-    data: Option<Bytes>,
-    trailers: bool,
-}
-
-impl http_body::Body for OkBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.data.take() {
-            return std::task::Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if std::mem::take(&mut self.trailers) {
-            let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-            return std::task::Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        std::task::Poll::Ready(None)
-    }
-}
-
 async fn answer(
     request: http::Request<Incoming>,
     ok: Bytes,
@@ -71,10 +45,8 @@ async fn answer(
             break;
         }
     }
-    let body = OkBody {
-        data: Some(ok),
-        trailers: true,
-    };
+    // The same response body as Tollgate's.
+    let body = tollgate::rls::UnaryBody::new(ok);
     Ok(http::Response::builder()
         .header("content-type", "application/grpc")
         .body(tonic::body::Body::new(body))

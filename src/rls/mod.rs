@@ -22,6 +22,8 @@ use crate::rules::Unit;
 
 mod server;
 
+pub use server::UnaryBody;
+
 /// The gRPC service around a [`Limiter`].
 #[derive(Debug, Clone)]
 pub struct RlsService {
@@ -48,8 +50,14 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
-        let domain_request = to_domain(&request)?;
+        self.decide(&request.into_inner()).await.map(Response::new)
+    }
+}
+
+impl RlsService {
+    /// Decides one request: the answer, or the gRPC status to fail it with.
+    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let domain_request = to_domain(request)?;
         let decided = match self.limiter.decide_now(&domain_request) {
             Some(decided) => decided,
             // Boxed, so the common (memory store) path above keeps this
@@ -57,7 +65,7 @@ impl RateLimitService for RlsService {
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
         match decided {
-            Ok(decision) => Ok(Response::new(to_proto(decision))),
+            Ok(decision) => Ok(to_proto(decision)),
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
             // Chosen by the operator (the reference's behaviour): Envoy then

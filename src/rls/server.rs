@@ -1,21 +1,23 @@
-//! The ShouldRateLimit method on HTTP/2, with the checks tonic's generated
-//! server leaves out: a non-gRPC content type is refused (HTTP 415, as the
-//! gRPC spec asks), a message above the size bound is refused before it is
-//! decoded, and a message that does not decode is the client's error
-//! (INVALID_ARGUMENT with the reason), not the server's (INTERNAL).
+//! The ShouldRateLimit method on HTTP/2, unary gRPC done directly: read the
+//! one length-prefixed message (refused above the size bound before it is
+//! decoded), decode it (a message that does not decode is the client's
+//! error: INVALID_ARGUMENT with the reason, not INTERNAL), decide, and answer
+//! with one data frame and `grpc-status` in the trailers. A non-gRPC content
+//! type is refused (HTTP 415, as the gRPC spec asks); compressed messages
+//! are refused (UNIMPLEMENTED: Envoy does not compress these calls).
+//!
+//! tonic's generated server does the same through its codec, buffers and
+//! streaming body on every call; a unary call needs none of it.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::RlsService;
 
@@ -80,55 +82,131 @@ where
                 ))))
             });
         }
-        let method = Method(self.service.clone());
+        let service = self.service.clone();
         let max = self.max_request_bytes;
         Box::pin(async move {
-            let mut grpc =
-                tonic::server::Grpc::new(RlsCodec).apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(method, request).await)
+            let message = match read_message(request.into_body(), max).await {
+                Ok(message) => message,
+                Err(status) => return Ok(status_reply(&status)),
+            };
+            let request = match RateLimitRequest::decode(message) {
+                Ok(request) => request,
+                Err(e) => {
+                    return Ok(status_reply(&Status::invalid_argument(format!(
+                        "request is not a RateLimitRequest: {e}"
+                    ))));
+                }
+            };
+            Ok(match service.decide(&request).await {
+                Ok(response) => ok_reply(&response),
+                Err(status) => status_reply(&status),
+            })
         })
     }
 }
 
-struct Method(Arc<RlsService>);
+/// The one message of a unary call, without its 5-byte prefix; at most
+/// `max` bytes (and the prefix) are ever buffered.
+async fn read_message<B>(body: B, max: usize) -> Result<bytes::Bytes, Status>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| Status::cancelled(format!("request body: {}", e.into())))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > max.saturating_add(5) {
+            return Err(too_large(buf.len() + data.len() - 5, max));
+        }
+        buf.extend_from_slice(&data);
+    }
+    let [flag, l0, l1, l2, l3, ..] = buf[..] else {
+        return Err(Status::invalid_argument(
+            "no request message (gRPC frame missing)",
+        ));
+    };
+    if flag != 0 {
+        return Err(Status::unimplemented(
+            "compressed request messages are not accepted",
+        ));
+    }
+    let len = u32::from_be_bytes([l0, l1, l2, l3]) as usize;
+    if len > max {
+        return Err(too_large(len, max));
+    }
+    if buf.len() != 5 + len {
+        return Err(Status::invalid_argument(format!(
+            "request body of {} bytes does not hold exactly one message of {len} bytes",
+            buf.len()
+        )));
+    }
+    Ok(buf.split_off(5).freeze())
+}
 
-impl tonic::server::UnaryService<RateLimitRequest> for Method {
-    type Response = RateLimitResponse;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<RateLimitResponse>, Status>> + Send>>;
+fn too_large(bytes: usize, max: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "request message of {bytes} bytes is above the bound of {max} (--max-request-bytes)"
+    ))
+}
 
-    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
-        let service = self.0.clone();
-        Box::pin(async move { service.should_rate_limit(request).await })
+/// An answer: one data frame with the message, then `grpc-status: 0`.
+fn ok_reply(response: &RateLimitResponse) -> Reply {
+    let len = response.encoded_len();
+    let mut frame = Vec::with_capacity(5 + len);
+    frame.push(0);
+    frame.extend_from_slice(&(len as u32).to_be_bytes());
+    response
+        .encode(&mut frame)
+        .expect("a Vec grows to hold any message");
+    let mut reply = http::Response::new(tonic::body::Body::new(UnaryBody::new(frame.into())));
+    reply.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    reply
+}
+
+/// A unary gRPC response body: the framed message, then `grpc-status: 0`
+/// in the trailers.
+pub struct UnaryBody {
+    message: Option<bytes::Bytes>,
+    trailers: bool,
+}
+
+impl UnaryBody {
+    /// A body for one framed message (the 5-byte prefix included).
+    pub fn new(framed: bytes::Bytes) -> Self {
+        Self {
+            message: Some(framed),
+            trailers: true,
+        }
     }
 }
 
-/// Prost encoding; decoding that calls an undecodable message invalid.
-struct RlsCodec;
+impl http_body::Body for UnaryBody {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
 
-impl Codec for RlsCodec {
-    type Encode = RateLimitResponse;
-    type Decode = RateLimitRequest;
-    type Encoder = tonic_prost::ProstEncoder<RateLimitResponse>;
-    type Decoder = RequestDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::new(Default::default())
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if let Some(message) = self.message.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
+        }
+        if std::mem::take(&mut self.trailers) {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
     }
 
-    fn decoder(&mut self) -> Self::Decoder {
-        RequestDecoder(PhantomData)
-    }
-}
-
-struct RequestDecoder(PhantomData<RateLimitRequest>);
-
-impl Decoder for RequestDecoder {
-    type Item = RateLimitRequest;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
-        RateLimitRequest::decode(buf).map(Some).map_err(|e| {
-            Status::invalid_argument(format!("request is not a RateLimitRequest: {e}"))
-        })
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && !self.trailers
     }
 }
