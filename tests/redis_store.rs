@@ -124,6 +124,7 @@ async fn one_script_call_per_request_whatever_the_descriptors() {
         assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
     }
     let after = redis.calls("evalsha") + redis.calls("eval");
+    // Sequential requests: nothing to coalesce, one call each.
     assert_eq!(after - before, 20, "one script call per request");
     assert!(
         redis.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0),
