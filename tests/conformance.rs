@@ -130,17 +130,7 @@ impl Harness {
     }
 
     async fn ask(&self, descriptors: &[&[(&str, &str)]], hits: u32) -> Decision {
-        let request = Request {
-            domain: "c",
-            descriptors: descriptors
-                .iter()
-                .map(|e| Descriptor {
-                    entries: e.iter().copied().collect(),
-                    ..Descriptor::default()
-                })
-                .collect(),
-            hits_addend: hits,
-        };
+        let request = common::limiter_request("c", descriptors, hits);
         self.limiter
             .should_rate_limit(&request)
             .await

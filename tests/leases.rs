@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::redis::RedisServer;
 use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC};
-use tollgate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
+use tollgate::limiter::{Limiter, LimiterOptions, Request};
 use tollgate::rules::{LoadOptions, load_sources};
 use tollgate::store::Store;
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -45,17 +45,7 @@ fn instance(redis: &RedisServer, clock: &ManualClock) -> Limiter {
 }
 
 fn request<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
-    Request {
-        domain: "l",
-        descriptors: descriptors
-            .iter()
-            .map(|e| Descriptor {
-                entries: e.iter().copied().collect(),
-                ..Descriptor::default()
-            })
-            .collect(),
-        hits_addend: 0,
-    }
+    common::limiter_request("l", descriptors, 0)
 }
 
 async fn admitted(limiter: &Limiter, descriptors: &[&[(&str, &str)]], n: usize) -> usize {

@@ -241,6 +241,25 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 }
 
 /// A request in `domain` with one descriptor per entry list.
+/// A limiter request (the library's own type) of plain descriptors.
+pub fn limiter_request<'a>(
+    domain: &'a str,
+    descriptors: &[&[(&'a str, &'a str)]],
+    hits_addend: u32,
+) -> tollgate::limiter::Request<'a> {
+    tollgate::limiter::Request {
+        domain,
+        descriptors: descriptors
+            .iter()
+            .map(|e| tollgate::limiter::Descriptor {
+                entries: e.iter().copied().collect(),
+                ..tollgate::limiter::Descriptor::default()
+            })
+            .collect(),
+        hits_addend,
+    }
+}
+
 pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.into(),
