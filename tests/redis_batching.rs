@@ -1,9 +1,15 @@
+//! Fewer Redis calls, same decisions, on a real Redis with a manual clock.
+//!
 //! Leases (`consistency: leased`): two Tollgate instances (two limiters with
-//! stores of their own) on one real Redis, with a manual clock. Leased hits
-//! are counted in Redis when granted, so the limit holds exactly; a hot key
-//! costs a script call per lease instead of per request; an instance that
-//! dies holding a lease strands at most its lease until the window ends; a
-//! refused request spends nothing.
+//! stores of their own) on one Redis. Leased hits are counted in Redis when
+//! granted, so the limit holds exactly; a hot key costs a script call per
+//! lease instead of per request; an instance that dies holding a lease
+//! strands at most its lease until the window ends; a refused request spends
+//! nothing.
+//!
+//! Coalescing: requests queued behind a call that Redis holds past their
+//! deadline time out, and the queue recovers. (That shared calls decide
+//! exactly as one call per request is `tests/differential.rs`.)
 
 mod common;
 
@@ -124,4 +130,64 @@ async fn a_refused_request_spends_nothing_of_a_lease() {
     assert_eq!(admitted(&a, &[hot, &[("gate", "g")]], 5).await, 0);
     // 99 are left for the hot key, in Redis and in the lease together.
     assert_eq!(admitted(&a, &[hot], 200).await, 99);
+}
+
+/// Requests queued behind a call that Redis holds past their deadline: all
+/// time out (the store's error, not a wrong answer), and the queue is not
+/// left stuck: the next requests are decided by Redis again, exactly.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let rules = load_sources(
+        &[(PathBuf::from("l.yaml"), RULES.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_millis(100);
+    let limiter = Limiter::new(
+        rules,
+        Store::Redis(RedisStore::new(options).expect("store")),
+        Arc::new(clock.clone()),
+        LimiterOptions {
+            unavailable_on_store_error: true,
+            ..LimiterOptions::default()
+        },
+    );
+    let d: &[&[(&str, &str)]] = &[&[("gate", "stall")]];
+    // Connect and load the script first.
+    assert!(admitted(&limiter, &[&[("gate", "warm")]], 1).await == 1);
+    let sleeper = {
+        let cli = redis.url();
+        std::thread::spawn(move || {
+            let mut conn = redis::Client::open(cli.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("connection");
+            let _: () = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg("0.5")
+                .query(&mut conn)
+                .expect("DEBUG SLEEP");
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let request = common::limiter_request("l", d, 0);
+    let stalled =
+        futures_util::future::join_all((0..30).map(|_| limiter.should_rate_limit(&request))).await;
+    assert!(
+        stalled.iter().all(|r| r.is_err()),
+        "every request behind the stalled call timed out: {stalled:?}"
+    );
+    sleeper.join().expect("sleeper");
+    // Redis answers again: the limit of 1 is decided exactly. (A stalled
+    // call may still have run once Redis woke up, spending the hit.)
+    let after =
+        futures_util::future::join_all((0..10).map(|_| limiter.should_rate_limit(&request))).await;
+    let admitted = after
+        .iter()
+        .map(|r| r.as_ref().expect("decided by Redis"))
+        .filter(|d| !d.over_limit)
+        .count();
+    assert!(admitted <= 1, "{admitted} admitted of a limit of 1");
 }
