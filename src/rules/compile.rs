@@ -22,21 +22,24 @@ pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str
     labels
 }
 
-/// Whether two limits of one descriptor cannot both exist: the same
-/// policy name (headers and metrics could not tell them apart) or the same
-/// counter.
-fn clashes(a: &Rule, b: &Rule) -> bool {
+/// Why two limits of one descriptor cannot both exist, if they cannot: the
+/// same policy name (headers and metrics could not tell them apart) or the
+/// same counter.
+fn clash(a: &Rule, b: &Rule) -> Option<String> {
+    if a.policy_name == b.policy_name {
+        return Some(format!(
+            "both are called '{}'; give them distinct names",
+            b.policy_name
+        ));
+    }
     let counter = |r: &Rule| {
-        r.limit.map(|l| {
-            (
-                l.algorithm,
-                l.unit,
-                l.unit_multiplier,
-                l.calendar.map(|z| z.name().to_owned()),
-            )
-        })
+        r.limit
+            .map(|l| (l.algorithm, l.unit, l.unit_multiplier, l.calendar))
     };
-    a.policy_name == b.policy_name || (counter(a).is_some() && counter(a) == counter(b))
+    (counter(a).is_some() && counter(a) == counter(b)).then(|| {
+        "they would share one counter (same algorithm and period); drop one or change its period"
+            .to_owned()
+    })
 }
 
 pub(super) struct Compiler {
@@ -47,7 +50,8 @@ pub(super) struct Compiler {
     errors: Vec<RuleError>,
 }
 
-fn at(loc: &Location) -> Option<(u32, u32)> {
+/// A node's line and column, when the parser knows them.
+pub(super) fn at(loc: &Location) -> Option<(u32, u32)> {
     (loc.line() > 0).then(|| (loc.line() as u32, loc.column() as u32))
 }
 
@@ -190,15 +194,7 @@ impl Compiler {
                 else {
                     continue;
                 };
-                if let Some(clash) = rules.iter().find(|r| clashes(r, &rule)) {
-                    let why = if clash.policy_name == rule.policy_name {
-                        format!(
-                            "both are called '{}'; give them distinct names",
-                            rule.policy_name
-                        )
-                    } else {
-                        "they would share one counter (same algorithm and period); drop one or change its period".to_owned()
-                    };
+                if let Some(why) = rules.iter().find_map(|r| clash(r, &rule)) {
                     self.errors.push(RuleError::new(
                         file,
                         limit_pos,
@@ -279,20 +275,15 @@ impl Compiler {
             }
         }
 
-        let before_limit = self.errors.len();
-        let limit = {
-            let mut report = |p: Option<(u32, u32)>, m: String| {
-                self.errors.push(RuleError::new(file, p, m));
-            };
-            super::limit::compile(&rl, path, pos, &self.options, &mut report)
-        };
-        if limit.is_none() && self.errors.len() == before_limit && several {
-            self.errors.push(RuleError::new(
-                file,
+        if several && rl.unlimited.unwrap_or(false) {
+            err(
                 pos,
-                format!("'{path}' has `unlimited: true` in rate_limits; an unlimited descriptor has one `rate_limit: {{unlimited: true}}`"),
-            ));
+                format!(
+                    "'{path}' has `unlimited: true` in rate_limits; an unlimited descriptor has one `rate_limit: {{unlimited: true}}`"
+                ),
+            );
         }
+        let limit = super::limit::compile(&rl, path, pos, &self.options, &mut err);
         if self.errors.len() > before {
             return None;
         }

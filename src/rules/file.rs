@@ -1,7 +1,8 @@
 //! The rule file as written: the envoyproxy/ratelimit YAML format plus
-//! Tollgate's optional fields inside `rate_limit` and the `rate_limits` list. Unknown keys are refused
-//! (`deny_unknown_fields`), and every node that a later check may complain
-//! about keeps its line and column (`Spanned`).
+//! Tollgate's optional fields inside `rate_limit` and the `rate_limits`
+//! list. Unknown keys are refused (`deny_unknown_fields`), and every node
+//! that a later check may complain about keeps its line and column
+//! (`Spanned`).
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;

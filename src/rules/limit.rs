@@ -3,8 +3,7 @@
 //! failure mode, unit multiplier, calendar, budget). Every problem is
 //! reported with its place; `None` means at least one was.
 
-use serde_saphyr::Location;
-
+use super::compile::at;
 use super::file::RawRateLimit;
 use super::{FailureMode, Limit, LoadOptions, MAX_PERIOD_SECONDS, Unit};
 use crate::algorithm::Algorithm;
@@ -12,10 +11,6 @@ use crate::calendar::Zone;
 
 /// Where a problem is, and what it is.
 pub(super) type Report<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);
-
-fn at(loc: &Location) -> Option<(u32, u32)> {
-    (loc.line() > 0).then(|| (loc.line() as u32, loc.column() as u32))
-}
 
 /// The limit of `rl` (on the descriptor `path`, written at `pos`), or `None`
 /// for `unlimited: true` and after reporting a problem (the caller tells

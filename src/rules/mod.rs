@@ -85,6 +85,20 @@ impl Unit {
         }
     }
 
+    /// A period of `every` of this unit, on `zone`'s calendar when given, as
+    /// people read it and as Redis key names carry it: `minute`, `5minute`,
+    /// `month@Europe/Berlin`.
+    pub fn period_name(self, every: u32, zone: Option<&str>) -> String {
+        let unit = match every {
+            0 | 1 => self.name().to_owned(),
+            n => format!("{n}{}", self.name()),
+        };
+        match zone {
+            Some(zone) => format!("{unit}@{zone}"),
+            None => unit,
+        }
+    }
+
     /// The calendar unit of the same name (day, week, month, year), if any.
     pub fn calendar_unit(self) -> Option<CalendarUnit> {
         match self {
@@ -205,17 +219,10 @@ impl Limit {
         self.unit.seconds() * u64::from(self.unit_multiplier.max(1))
     }
 
-    /// The period as people read it and as Redis key names carry it:
-    /// `minute`, `5minute`, `month@Europe/Berlin`.
+    /// The period as people read it (see [`Unit::period_name`]).
     pub fn period_name(&self) -> String {
-        let unit = match self.unit_multiplier {
-            0 | 1 => self.unit.name().to_owned(),
-            n => format!("{n}{}", self.unit.name()),
-        };
-        match self.calendar {
-            Some(zone) => format!("{unit}@{}", zone.name()),
-            None => unit,
-        }
+        self.unit
+            .period_name(self.unit_multiplier, self.calendar.map(|z| z.name()))
     }
 }
 

@@ -33,12 +33,7 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String
     }
     base.push('}');
     let code = algorithm_code(parts.algorithm);
-    let unit = match (parts.every, parts.zone) {
-        (1, None) => parts.unit.name().to_owned(),
-        (every, None) => format!("{every}{}", parts.unit.name()),
-        (1, Some(zone)) => format!("{}@{zone}", parts.unit.name()),
-        (every, Some(zone)) => format!("{every}{}@{zone}", parts.unit.name()),
-    };
+    let unit = parts.unit.period_name(parts.every, parts.zone);
     match parts.algorithm {
         Algorithm::FixedWindow => ([format!("{base}:{code}:{unit}:{window}"), String::new()], 1),
         Algorithm::SlidingWindow => (
