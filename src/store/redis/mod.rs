@@ -493,13 +493,16 @@ impl RedisStore {
         for ((_, group), names) in groups.iter_mut().zip(names_of) {
             group.keys = names.into_iter().collect();
         }
-        let ro: &[Check] = checks;
+        let is_quota = |c: &Check| c.enforced && c.quota_mode;
+        let quota = checks.iter().filter(|c| is_quota(c)).count();
         for (_, group) in &mut groups {
-            let is_quota = |i: &usize| ro[*i].enforced && ro[*i].quota_mode;
-            let quota_elsewhere = (0..ro.len())
-                .filter(is_quota)
-                .any(|i| !group.checks.contains(&i));
-            group.quota_here = !quota_elsewhere;
+            // Linear: a group holds them all when it holds as many as there are.
+            let here = group
+                .checks
+                .iter()
+                .filter(|&&i| is_quota(&checks[i]))
+                .count();
+            group.quota_here = here == quota;
         }
         let fill = |checks: &mut [Check], group: &Group, rows: coalesce::Rows| {
             for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows) {
