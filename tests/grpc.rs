@@ -297,6 +297,21 @@ fn check_prints_compiled_rules_or_errors() {
         stdout.contains("llm.api_key: 1000000 per month@UTC (fixed_window, budget, failure_mode deny), name tokens_per_month"),
         "{stdout}"
     );
+    let zone = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "check",
+            "--time-zone",
+            "../../etc/localtime",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules"),
+        ])
+        .output()
+        .expect("run");
+    assert!(!zone.status.success(), "a time zone must be an IANA name");
+    assert!(
+        String::from_utf8_lossy(&zone.stderr).contains("not an IANA time zone name"),
+        "{}",
+        String::from_utf8_lossy(&zone.stderr)
+    );
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "check",

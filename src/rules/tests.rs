@@ -302,6 +302,30 @@ fn rule_extensions_are_validated() {
             "rate_limit: {unit: day, requests_per_unit: 1, budget: maybe}",
             "invalid boolean",
         ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, consistency: leased}",
+            "sets no `lease:`",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, consistency: leased, lease: 0}",
+            "lease 0 must be from 1 to the limit (10)",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, consistency: leased, lease: 11}",
+            "lease 11 must be from 1 to the limit (10)",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, lease: 5}",
+            "without `consistency: leased`",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, consistency: eventual}",
+            "unknown consistency 'eventual'",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 10, budget: true, consistency: leased, lease: 5}",
+            "cannot be leased",
+        ),
     ] {
         let text = format!("domain: d\ndescriptors:\n  - key: k\n    {yaml}\n");
         let err = load(&text).expect_err(yaml).to_string();
