@@ -25,6 +25,7 @@ pub mod clock;
 pub mod limiter;
 pub mod metrics;
 pub mod reload;
+pub mod rlqs;
 pub mod rls;
 pub mod rules;
 pub mod server;

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::limiter::{LimitError, Limiter};
+use crate::rlqs::Quotas;
 use crate::store::Store;
 
 /// Whether this instance should receive traffic.
@@ -66,20 +67,26 @@ impl Health {
 #[derive(Clone)]
 struct AdminState {
     limiter: Arc<Limiter>,
+    quotas: Arc<Quotas>,
     health: Arc<Health>,
 }
 
 /// The admin routes.
-pub fn router(limiter: Arc<Limiter>, health: Arc<Health>) -> Router {
+pub fn router(limiter: Arc<Limiter>, quotas: Arc<Quotas>, health: Arc<Health>) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        .route("/rlqs", get(rlqs))
         .layer(axum::extract::DefaultBodyLimit::max(
             limiter.options().bounds.request_bytes,
         ))
-        .with_state(AdminState { limiter, health })
+        .with_state(AdminState {
+            limiter,
+            quotas,
+            health,
+        })
 }
 
 async fn healthcheck(State(s): State<AdminState>) -> Response {
@@ -98,9 +105,31 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .metrics()
         .circuit_open
         .store(u64::from(open), Ordering::Relaxed);
+    let mut text = s.limiter.metrics().render();
+    s.quotas.render_metrics(&mut text);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The most buckets `/rlqs` lists unless `?limit=` says otherwise.
+const RLQS_DEFAULT_LIMIT: usize = 1000;
+
+/// The quota service's streams, buckets and current assignments.
+async fn rlqs(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+    let asked = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("limit="));
+    let limit = match asked.map(str::parse::<usize>) {
+        None => RLQS_DEFAULT_LIMIT,
+        Some(Ok(limit)) => limit,
+        Some(Err(_)) => {
+            return (StatusCode::BAD_REQUEST, "limit must be a whole number\n").into_response();
+        }
+    };
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.limiter.metrics().render(),
+        [(header::CONTENT_TYPE, "application/json")],
+        s.quotas.to_json(limit).to_string(),
     )
         .into_response()
 }

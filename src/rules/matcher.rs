@@ -83,3 +83,103 @@ impl RuleSet {
         None
     }
 }
+
+/// The most nodes one bucket lookup visits: a bucket's entries can be
+/// tried in many orders, and a client must not make a lookup expensive.
+const BUCKET_WALK_STEPS: usize = 256;
+
+impl RuleSet {
+    /// The rules for a rate limit quota (RLQS) bucket: a map of entries
+    /// with no order. The walk starts at the domain's top level and, at each
+    /// level, takes one of the bucket's unused entries whose key the level
+    /// has and whose value matches as usual (exact, else wildcard, else
+    /// key-only); the bucket's rules are those of the node where its entries
+    /// are used up. When several entries fit a level, they are tried in key
+    /// order and the first walk that uses every entry wins (at most
+    /// [`BUCKET_WALK_STEPS`] nodes are visited). Also returns the entries in
+    /// the order the walk used them: the descriptor a ShouldRateLimit call
+    /// would send for the same limit.
+    ///
+    /// `entries` must be sorted by key.
+    pub fn lookup_bucket<'a, 'b>(
+        &'a self,
+        domain: &str,
+        entries: &[(&'b str, &'b str)],
+    ) -> Option<(Matched<'a>, SmallVec<[(&'b str, &'b str); 4]>)> {
+        let level = self.domains.get(domain)?;
+        let mut walk = BucketWalk {
+            entries,
+            used: vec![false; entries.len()],
+            walked: SmallVec::new(),
+            shared: SmallVec::new(),
+            steps: 0,
+        };
+        let node = walk.from(level)?;
+        Some((
+            Matched {
+                rules: &node.rules,
+                shared: walk.shared,
+            },
+            walk.walked,
+        ))
+    }
+}
+
+/// A depth-first walk of the rule tree for one bucket.
+struct BucketWalk<'a, 'b, 'e> {
+    entries: &'e [(&'b str, &'b str)],
+    used: Vec<bool>,
+    walked: SmallVec<[(&'b str, &'b str); 4]>,
+    shared: SmallVec<[(usize, &'a str); 1]>,
+    steps: usize,
+}
+
+impl<'a, 'b> BucketWalk<'a, 'b, '_> {
+    /// The node with rules where every entry is used, walking down from `level`.
+    fn from(&mut self, level: &'a Level) -> Option<&'a Node> {
+        for i in 0..self.entries.len() {
+            if self.used[i] {
+                continue;
+            }
+            let (key, value) = self.entries[i];
+            let Some(rules) = level.keys.get(key) else {
+                continue;
+            };
+            let Some(node) = rules
+                .exact
+                .get(value)
+                .or_else(|| {
+                    rules
+                        .wildcards
+                        .iter()
+                        .find(|(glob, _)| glob.matches(value))
+                        .map(|(_, node)| node)
+                })
+                .or(rules.default.as_ref())
+            else {
+                continue;
+            };
+            self.steps += 1;
+            if self.steps > BUCKET_WALK_STEPS {
+                return None;
+            }
+            self.used[i] = true;
+            let shared = self.shared.len();
+            if let Some(pattern) = &node.shared_pattern {
+                self.shared.push((self.walked.len(), &**pattern));
+            }
+            self.walked.push(self.entries[i]);
+            if self.walked.len() == self.entries.len() {
+                if !node.rules.is_empty() {
+                    return Some(node);
+                }
+            } else if let Some(found) = self.from(&node.children) {
+                return Some(found);
+            }
+            self.walked.pop();
+            self.shared.truncate(shared);
+            self.used[i] = false;
+        }
+        None
+    }
+}

@@ -337,3 +337,54 @@ fn rule_extensions_are_validated() {
         );
     }
 }
+
+#[test]
+fn a_bucket_walks_the_tree_by_the_keys_it_has() {
+    let rules = load(
+        "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 20}
+    descriptors:
+      - key: path
+        value: /login
+        rate_limit: {unit: second, requests_per_unit: 2}
+  - key: client_ip
+    value: 10.*
+    rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: plan
+    value: free
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 5}
+",
+    )
+    .expect("loads");
+    let limit = |entries: &[(&'static str, &'static str)]| {
+        let mut sorted = entries.to_vec();
+        sorted.sort_unstable();
+        rules.lookup_bucket("d", &sorted).map(|(m, walked)| {
+            let limit = m.rules[0].limit.expect("limited").requests_per_unit;
+            (limit, walked.to_vec())
+        })
+    };
+    // A map has no order: the walk finds it whichever way it is written.
+    assert_eq!(limit(&[("api_key", "k1")]), Some((20, vec![("api_key", "k1")])));
+    assert_eq!(
+        limit(&[("path", "/login"), ("api_key", "k1")]),
+        Some((2, vec![("api_key", "k1"), ("path", "/login")]))
+    );
+    // `api_key` sorts first and the top level has it, but that walk leaves
+    // `plan` unused: the walk backs up and goes through `plan` instead.
+    assert_eq!(
+        limit(&[("plan", "free"), ("api_key", "k1")]),
+        Some((5, vec![("plan", "free"), ("api_key", "k1")]))
+    );
+    assert_eq!(limit(&[("plan", "free")]), None, "a node without a limit");
+    assert_eq!(limit(&[("client_ip", "10.1.2.3")]).map(|l| l.0), Some(600));
+    assert_eq!(limit(&[("client_ip", "192.168.0.1")]), None);
+    // Entries left over: no limit (as a descriptor with an extra entry).
+    assert_eq!(limit(&[("api_key", "k1"), ("zone", "eu")]), None);
+    assert_eq!(limit(&[]), None);
+    assert!(rules.lookup_bucket("other", &[("api_key", "k1")]).is_none());
+}

@@ -28,16 +28,19 @@ use super::tls::Tls;
 type Reply = http::Response<tonic::body::Body>;
 type BoxReply = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
 
-/// Routes a request to the rate limit service or the health service.
+/// Routes a request to the rate limit service, the quota service or the
+/// health service.
 #[derive(Clone)]
-pub(super) struct Dispatch<R, H> {
+pub(super) struct Dispatch<R, Q, H> {
     pub(super) rls: R,
+    pub(super) rlqs: Q,
     pub(super) health: H,
 }
 
-impl<R, H> Service<http::Request<Incoming>> for Dispatch<R, H>
+impl<R, Q, H> Service<http::Request<Incoming>> for Dispatch<R, Q, H>
 where
     R: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
+    Q: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
     H: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
 {
     type Response = Reply;
@@ -45,17 +48,47 @@ where
     type Future = Either<BoxReply, BoxReply>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Both services are always ready (tonic's generated servers are).
+        // Every service is always ready (tonic's generated servers are).
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<Incoming>) -> Self::Future {
-        if request.uri().path().starts_with("/grpc.health.v1.Health/") {
+        let path = request.uri().path();
+        if path.starts_with("/grpc.health.v1.Health/") {
             Either::Right(self.health.call(request))
+        } else if path.starts_with("/envoy.service.rate_limit_quota.v3.") {
+            Either::Right(self.rlqs.call(request))
         } else {
             // Everything else, unknown methods included (answered UNIMPLEMENTED).
             Either::Left(self.rls.call(request))
         }
+    }
+}
+
+/// A response body that holds its call's [`CallGuard`]: a stream is a call
+/// in flight (its connection is not idle) until its body ends.
+struct Guarded {
+    body: tonic::body::Body,
+    _guard: CallGuard,
+}
+
+impl http_body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -122,8 +155,31 @@ where
     fn call(&mut self, request: http::Request<Incoming>) -> BoxReply {
         self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = CallGuard(self.activity.clone());
+        // A quota stream lasts as long as the client keeps it: the request
+        // timeout bounds its start only, and the call lasts while its body does.
+        let streaming = request
+            .uri()
+            .path()
+            .starts_with("/envoy.service.rate_limit_quota.v3.");
         let call = self.inner.call(request);
         let timeout = self.request_timeout;
+        if streaming {
+            return Box::pin(async move {
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(reply)) => Ok(reply.map(|body| {
+                        tonic::body::Body::new(Guarded {
+                            body,
+                            _guard: guard,
+                        })
+                    })),
+                    Ok(Err(never)) => match never {},
+                    Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
+                        "call took longer than {timeout:?} (--request-timeout)"
+                    ))
+                    .into_http()),
+                }
+            });
+        }
         Box::pin(async move {
             let _guard = guard;
             let mut call = std::pin::pin!(call);

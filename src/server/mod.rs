@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::admin::Health;
 use crate::limiter::Limiter;
 use crate::reload::Reloader;
+use crate::rlqs::{Quotas, RlqsService};
 use crate::rls::RlsService;
 pub use limits::ConnectionLimits;
 pub use start::start;
@@ -59,6 +60,8 @@ pub fn bind_grpc(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::n
 pub struct Serve {
     /// The limiter.
     pub limiter: Arc<Limiter>,
+    /// The quota service (RLQS) over the same rules and store.
+    pub quotas: Arc<Quotas>,
     /// gRPC listeners, one worker thread each (see [`bind_grpc`]).
     pub grpc: Vec<std::net::TcpListener>,
     /// Admin HTTP listeners.
@@ -82,6 +85,7 @@ pub fn run(
 ) -> std::io::Result<()> {
     let Serve {
         limiter,
+        quotas,
         grpc,
         admin,
         reloader,
@@ -101,6 +105,8 @@ pub fn run(
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
+        let quota_service = RlqsService::new(quotas.clone())
+            .into_server(limiter.options().bounds.request_bytes);
         let limits = limits.clone();
         let tls = tls.clone();
         let health_service = health_service.clone();
@@ -115,6 +121,7 @@ pub fn run(
                     let listener = tokio::net::TcpListener::from_std(listener)?;
                     let dispatch = grpc::Dispatch {
                         rls: service,
+                        rlqs: quota_service,
                         health: health_service,
                     };
                     grpc::serve(listener, dispatch, limits, tls, stop).await
@@ -127,7 +134,7 @@ pub fn run(
         let mut tasks = Vec::new();
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let router = crate::admin::router(limiter.clone(), health.clone());
+            let router = crate::admin::router(limiter.clone(), quotas.clone(), health.clone());
             tasks.push(tokio::spawn(admin::serve(
                 listener,
                 router,
@@ -143,6 +150,17 @@ pub fn run(
         tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
             sweeper.sweep(sweeper.clock().now());
         })));
+        // Quota streams: reloaded rules, the store's totals, and pushes of
+        // assignments that changed.
+        let ticking = quotas.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                ticking.tick().await;
+            }
+        }));
         // Renewed certificates are picked up for new connections.
         if let Some(tls) = tls.clone() {
             tasks.push(tokio::spawn(every(TLS_RELOAD_INTERVAL, move || {

@@ -7,7 +7,8 @@ use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::reload::Reloader;
 use crate::rules::load_paths;
-use crate::settings::{OnOff, OnStoreError, ServeArgs, StoreKind};
+use crate::rlqs::{QuotaOptions, Quotas, Unmatched};
+use crate::settings::{OnOff, OnStoreError, ServeArgs, StoreKind, UnmatchedArg};
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
@@ -85,8 +86,24 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
     }
     let reloader = Arc::new(Reloader::new(paths, args.load_options(), limiter.clone()));
     let watch = (args.watch_rules == OnOff::On).then_some(args.watch_interval);
+    let quotas = Arc::new(Quotas::new(
+        limiter.clone(),
+        QuotaOptions {
+            assignment_ttl: args.rlqs_assignment_ttl,
+            min_share: args.rlqs_min_share,
+            unmatched: match args.rlqs_unmatched {
+                UnmatchedArg::AllowAll => Unmatched::Allow,
+                UnmatchedArg::DenyAll => Unmatched::Deny,
+            },
+            max_buckets: args.rlqs_max_buckets,
+            max_entries: args.max_entries,
+            max_value_bytes: args.max_value_bytes,
+            instance: instance_name(),
+        },
+    ));
     let serve = super::Serve {
         limiter,
+        quotas,
         grpc: listeners,
         admin,
         reloader: Some((reloader, watch)),
@@ -151,4 +168,17 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),
     }
     Ok(Store::Redis(store))
+}
+
+/// This process's name among the instances sharing a store: host name,
+/// process id and start time, so a restarted instance is a new one (the old
+/// one's weights go stale and drop out).
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("{host}-{}-{started}", std::process::id())
 }

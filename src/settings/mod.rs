@@ -231,6 +231,26 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
     pub time_zone: &'static Zone,
 
+    /// Quota service (RLQS): how long Envoy keeps an assignment without
+    /// hearing from Tollgate before its `expired_assignment_behavior`
+    /// applies; whole seconds, longer than Envoy's report interval (5 s).
+    #[arg(long, env = "TOLLGATE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_ttl)]
+    pub rlqs_assignment_ttl: Duration,
+
+    /// Quota service: the least share of a bucket's rate an Envoy that
+    /// reports it is weighed with, so an idle Envoy can start again at once.
+    #[arg(long, env = "TOLLGATE_RLQS_MIN_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    pub rlqs_min_share: f64,
+
+    /// Quota service: what buckets that match no limit are told.
+    #[arg(long, env = "TOLLGATE_RLQS_UNMATCHED", value_enum, default_value_t = UnmatchedArg::AllowAll)]
+    pub rlqs_unmatched: UnmatchedArg,
+
+    /// Quota service: the most buckets tracked at once; usage for more is
+    /// not answered (Envoy keeps its no-assignment behaviour for them).
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKETS", default_value_t = 100_000, value_parser = at_least_one)]
+    pub rlqs_max_buckets: usize,
+
     /// Admitted hits above this share of a limit count as near the limit.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
@@ -247,6 +267,37 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// What buckets without a limit get from the quota service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnmatchedArg {
+    /// Allow every request (`ALLOW_ALL`).
+    AllowAll,
+    /// Deny every request (`DENY_ALL`).
+    DenyAll,
+}
+
+/// A duration in whole seconds, at least 1 s (an RLQS assignment's TTL).
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.subsec_nanos() != 0 || d.as_secs() == 0 {
+        return Err(format!(
+            "'{text}' must be whole seconds, at least 1s (Envoy counts TTLs in seconds)"
+        ));
+    }
+    Ok(d)
+}
+
+/// A share from 0 to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if !(0.0..=1.0).contains(&share) {
+        return Err(format!("'{text}' must be from 0 to 1"));
+    }
+    Ok(share)
 }
 
 /// Log formats.

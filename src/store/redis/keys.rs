@@ -47,6 +47,29 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String
     }
 }
 
+/// The Redis keys of one rate limit quota (RLQS) bucket: its clients'
+/// weights per Tollgate instance, and what was admitted in window `window`.
+/// Both in one hash tag (one Cluster slot, one script call).
+pub(super) fn quota_key_names(
+    prefix: &str,
+    domain: &str,
+    entries: &[(String, String)],
+    window: u64,
+) -> [String; 2] {
+    let mut base = String::with_capacity(64);
+    base.push_str(prefix);
+    base.push_str("rlqs:{");
+    escape_into(&mut base, domain);
+    for (k, v) in entries {
+        base.push('|');
+        escape_into(&mut base, k);
+        base.push('=');
+        escape_into(&mut base, v);
+    }
+    base.push('}');
+    [format!("{base}:weights"), format!("{base}:used:{window}")]
+}
+
 /// Appends `text` with `%`, `|`, `=`, `{` and `}` percent-encoded.
 fn escape_into(out: &mut String, text: &str) {
     for c in text.chars() {
