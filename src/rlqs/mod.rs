@@ -15,10 +15,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
     RateLimitQuotaService, RateLimitQuotaServiceServer,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -119,3 +119,6 @@ impl RateLimitQuotaService for RlqsService {
         Ok(Response::new(Outbound(rx)))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -527,10 +527,9 @@ impl Quotas {
                 );
             }
             let bucket = state.buckets.get_mut(&name).expect("inserted above");
-            let elapsed = usage
-                .time_elapsed
-                .as_ref()
-                .map_or(0.0, |d| d.seconds.max(0) as f64 + f64::from(d.nanos.max(0)) / 1e9);
+            let elapsed = usage.time_elapsed.as_ref().map_or(0.0, |d| {
+                d.seconds.max(0) as f64 + f64::from(d.nanos.max(0)) / 1e9
+            });
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
@@ -555,7 +554,10 @@ impl Quotas {
                 counters.denied = counters.denied.saturating_add(usage.num_requests_denied);
             }
             let fresh = bucket.assignment(&client, now, &self.options);
-            let keep = bucket.sent.get(&id).filter(|sent| !share::changed(sent, &fresh));
+            let keep = bucket
+                .sent
+                .get(&id)
+                .filter(|sent| !share::changed(sent, &fresh));
             let assignment = match keep {
                 Some(sent) => *sent,
                 None => share::distinct_for_envoy(bucket.sent.get(&id), fresh),
@@ -576,7 +578,11 @@ impl Quotas {
             return None;
         }
         let max = self.options.max_value_bytes;
-        if id.bucket.iter().any(|(k, v)| k.len() > max || v.len() > max) {
+        if id
+            .bucket
+            .iter()
+            .any(|(k, v)| k.len() > max || v.len() > max)
+        {
             return None;
         }
         let mut entries: Vec<(String, String)> = id
@@ -692,7 +698,9 @@ impl Quotas {
                 !bucket.clients.is_empty() || !bucket.sent.is_empty()
             });
             for stream in state.streams.values_mut() {
-                stream.buckets.retain(|name| state.buckets.contains_key(name));
+                stream
+                    .buckets
+                    .retain(|name| state.buckets.contains_key(name));
             }
             match self.limiter.store() {
                 Store::Redis(_) => state
@@ -759,7 +767,9 @@ impl Quotas {
                         // other instances' clients are no longer counted:
                         // this instance shares the rate among its own.
                         let g = &mut bucket.global;
-                        if g.synced.is_none_or(|t| now.saturating_sub(t) > DEMAND_STALE) {
+                        if g.synced
+                            .is_none_or(|t| now.saturating_sub(t) > DEMAND_STALE)
+                        {
                             g.others = 0.0;
                         }
                     }
@@ -806,28 +816,67 @@ impl Quotas {
         let state = self.state.lock();
         let m = &self.metrics;
         let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         };
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
         };
-        gauge(out, "tollgate_rlqs_streams", "Open quota streams.", state.streams.len() as f64);
-        gauge(out, "tollgate_rlqs_buckets", "Quota buckets tracked.", state.buckets.len() as f64);
-        counter(out, "tollgate_rlqs_streams_opened_total", "Quota streams opened.", m.streams_opened.load(Ordering::Relaxed));
-        counter(out, "tollgate_rlqs_reports_total", "Usage report messages received.", m.reports.load(Ordering::Relaxed));
-        counter(out, "tollgate_rlqs_bucket_reports_total", "Bucket usages received.", m.bucket_reports.load(Ordering::Relaxed));
+        gauge(
+            out,
+            "tollgate_rlqs_streams",
+            "Open quota streams.",
+            state.streams.len() as f64,
+        );
+        gauge(
+            out,
+            "tollgate_rlqs_buckets",
+            "Quota buckets tracked.",
+            state.buckets.len() as f64,
+        );
+        counter(
+            out,
+            "tollgate_rlqs_streams_opened_total",
+            "Quota streams opened.",
+            m.streams_opened.load(Ordering::Relaxed),
+        );
+        counter(
+            out,
+            "tollgate_rlqs_reports_total",
+            "Usage report messages received.",
+            m.reports.load(Ordering::Relaxed),
+        );
+        counter(
+            out,
+            "tollgate_rlqs_bucket_reports_total",
+            "Bucket usages received.",
+            m.bucket_reports.load(Ordering::Relaxed),
+        );
         counter(
             out,
             "tollgate_rlqs_buckets_refused_total",
             "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets.",
             m.buckets_refused.load(Ordering::Relaxed),
         );
-        counter(out, "tollgate_rlqs_store_errors_total", "Failed exchanges with the store.", m.store_errors.load(Ordering::Relaxed));
+        counter(
+            out,
+            "tollgate_rlqs_store_errors_total",
+            "Failed exchanges with the store.",
+            m.store_errors.load(Ordering::Relaxed),
+        );
         let _ = writeln!(
             out,
             "# HELP tollgate_rlqs_assignments_total Assignments sent, by action.\n# TYPE tollgate_rlqs_assignments_total counter"
         );
-        for (i, action) in ["token_bucket", "allow_all", "deny_all", "abandon"].iter().enumerate() {
+        for (i, action) in ["token_bucket", "allow_all", "deny_all", "abandon"]
+            .iter()
+            .enumerate()
+        {
             let _ = writeln!(
                 out,
                 "tollgate_rlqs_assignments_total{{action=\"{action}\"}} {}",

@@ -72,7 +72,9 @@ pub fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assign
     }
     let (tokens_per_fill, fill_seconds) = if share * 10.0 < 1.0 {
         // Less than one request in ten seconds: one token per interval.
-        let seconds = (1.0 / share).round().clamp(1.0, f64::from(MAX_FILL_SECONDS)) as u32;
+        let seconds = (1.0 / share)
+            .round()
+            .clamp(1.0, f64::from(MAX_FILL_SECONDS)) as u32;
         (1, seconds)
     } else {
         let mut best = (share.round().max(1.0) as u32, 1, f64::INFINITY);
@@ -106,9 +108,10 @@ pub fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assign
 /// [`SHARE_TOLERANCE`].
 pub fn changed(sent: &Assignment, new: &Assignment) -> bool {
     match (sent, new) {
-        (Assignment::TokenBucket { share: old, .. }, Assignment::TokenBucket { share: new, .. }) => {
-            (new - old).abs() > SHARE_TOLERANCE * old.max(f64::MIN_POSITIVE)
-        }
+        (
+            Assignment::TokenBucket { share: old, .. },
+            Assignment::TokenBucket { share: new, .. },
+        ) => (new - old).abs() > SHARE_TOLERANCE * old.max(f64::MIN_POSITIVE),
         (a, b) => a != b,
     }
 }
@@ -167,7 +170,10 @@ mod tests {
     fn shares_follow_demand_and_add_up_to_the_rate() {
         let rate = 20.0;
         let floor = 0.05 * rate;
-        let weights = [weight(Some(30.0), floor, 0.0), weight(Some(10.0), floor, 0.0)];
+        let weights = [
+            weight(Some(30.0), floor, 0.0),
+            weight(Some(10.0), floor, 0.0),
+        ];
         let total: f64 = weights.iter().sum();
         let shares: Vec<f64> = weights.iter().map(|w| share(rate, *w, total)).collect();
         assert_eq!(shares, vec![15.0, 5.0]);
@@ -189,7 +195,9 @@ mod tests {
 
     #[test]
     fn token_buckets_come_close_to_the_share_in_whole_seconds() {
-        for share in [0.001, 0.05, 0.1, 0.3, 0.5, 1.0, 1.5, 2.5, 3.3, 7.25, 15.0, 123.4, 1e6] {
+        for share in [
+            0.001, 0.05, 0.1, 0.3, 0.5, 1.0, 1.5, 2.5, 3.3, 7.25, 15.0, 123.4, 1e6,
+        ] {
             let a = token_bucket(share, 1_000_000_000, 1);
             let got = rate_of(a);
             let Assignment::TokenBucket {
@@ -201,10 +209,19 @@ mod tests {
             else {
                 unreachable!()
             };
-            assert!((1..=MAX_FILL_SECONDS).contains(&fill_seconds), "{share}: {a:?}");
-            assert!(max_tokens >= tokens_per_fill && tokens_per_fill >= 1, "{share}: {a:?}");
+            assert!(
+                (1..=MAX_FILL_SECONDS).contains(&fill_seconds),
+                "{share}: {a:?}"
+            );
+            assert!(
+                max_tokens >= tokens_per_fill && tokens_per_fill >= 1,
+                "{share}: {a:?}"
+            );
             if share >= 0.1 {
-                assert!((got - share).abs() / share <= 0.05, "{share}: {got} ({a:?})");
+                assert!(
+                    (got - share).abs() / share <= 0.05,
+                    "{share}: {got} ({a:?})"
+                );
             } else {
                 // One token per interval: the interval rounds 1/share.
                 assert!((got - share).abs() / share <= 0.5, "{share}: {got} ({a:?})");
@@ -250,8 +267,10 @@ mod tests {
         let new = token_bucket(0.25, 100, 1);
         // Both: one token, one token at most; two and four seconds.
         let sent = distinct_for_envoy(Some(&old), new);
-        let (Assignment::TokenBucket { max_tokens: a, .. }, Assignment::TokenBucket { max_tokens: b, .. }) =
-            (old, sent)
+        let (
+            Assignment::TokenBucket { max_tokens: a, .. },
+            Assignment::TokenBucket { max_tokens: b, .. },
+        ) = (old, sent)
         else {
             unreachable!()
         };

@@ -84,6 +84,9 @@ impl RuleSet {
     }
 }
 
+/// A bucket's entries in the order the rule tree used them.
+pub type WalkedEntries<'b> = SmallVec<[(&'b str, &'b str); 4]>;
+
 /// The most nodes one bucket lookup visits: a bucket's entries can be
 /// tried in many orders, and a client must not make a lookup expensive.
 const BUCKET_WALK_STEPS: usize = 256;
@@ -105,7 +108,7 @@ impl RuleSet {
         &'a self,
         domain: &str,
         entries: &[(&'b str, &'b str)],
-    ) -> Option<(Matched<'a>, SmallVec<[(&'b str, &'b str); 4]>)> {
+    ) -> Option<(Matched<'a>, WalkedEntries<'b>)> {
         let level = self.domains.get(domain)?;
         let mut walk = BucketWalk {
             entries,
@@ -129,7 +132,7 @@ impl RuleSet {
 struct BucketWalk<'a, 'b, 'e> {
     entries: &'e [(&'b str, &'b str)],
     used: Vec<bool>,
-    walked: SmallVec<[(&'b str, &'b str); 4]>,
+    walked: WalkedEntries<'b>,
     shared: SmallVec<[(usize, &'a str); 1]>,
     steps: usize,
 }

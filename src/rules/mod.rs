@@ -21,7 +21,7 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 pub(crate) use compile::metric_labels;
 pub use error::{RuleError, RuleErrors};
 pub use load::{LoadOptions, load_paths, load_sources, rule_files};
-pub use matcher::Matched;
+pub use matcher::{Matched, WalkedEntries};
 
 /// The time unit of a limit, as in Envoy's `RateLimitResponse.RateLimit.Unit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

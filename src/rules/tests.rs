@@ -369,7 +369,10 @@ descriptors:
         })
     };
     // A map has no order: the walk finds it whichever way it is written.
-    assert_eq!(limit(&[("api_key", "k1")]), Some((20, vec![("api_key", "k1")])));
+    assert_eq!(
+        limit(&[("api_key", "k1")]),
+        Some((20, vec![("api_key", "k1")]))
+    );
     assert_eq!(
         limit(&[("path", "/login"), ("api_key", "k1")]),
         Some((2, vec![("api_key", "k1"), ("path", "/login")]))

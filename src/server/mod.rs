@@ -105,8 +105,8 @@ pub fn run(
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone()).into_server();
-        let quota_service = RlqsService::new(quotas.clone())
-            .into_server(limiter.options().bounds.request_bytes);
+        let quota_service =
+            RlqsService::new(quotas.clone()).into_server(limiter.options().bounds.request_bytes);
         let limits = limits.clone();
         let tls = tls.clone();
         let health_service = health_service.clone();

@@ -36,8 +36,14 @@ impl Tollgate {
         if !args.contains(&"--rules") {
             command.arg("--rules").arg(&path);
         }
+        // Free ports unless the test chose its own (to restart on the same one).
+        if !args.contains(&"--grpc-addr") {
+            command.args(["--grpc-addr", "127.0.0.1:0"]);
+        }
+        if !args.contains(&"--admin-addr") {
+            command.args(["--admin-addr", "127.0.0.1:0"]);
+        }
         let mut child = command
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -382,7 +382,10 @@ impl RedisStore {
     /// (see `quota.lua`): records `instance`'s weight and `admitted` in
     /// `window`, and answers the weight of every instance heard from within
     /// `stale`, and what all of them admitted in the window.
-    pub async fn exchange_quota(&self, exchange: &QuotaExchange<'_>) -> Result<QuotaTotals, StoreError> {
+    pub async fn exchange_quota(
+        &self,
+        exchange: &QuotaExchange<'_>,
+    ) -> Result<QuotaTotals, StoreError> {
         if self.circuit_open() {
             return Err(StoreError::CircuitOpen);
         }
@@ -415,9 +418,13 @@ impl RedisStore {
                     weight: *total as f64 / 1e6,
                     used: (*used).max(0) as u64,
                 }),
-                _ => Err(StoreError::Script(format!("unexpected quota reply {items:?}"))),
+                _ => Err(StoreError::Script(format!(
+                    "unexpected quota reply {items:?}"
+                ))),
             },
-            other => Err(StoreError::Script(format!("unexpected quota reply {other:?}"))),
+            other => Err(StoreError::Script(format!(
+                "unexpected quota reply {other:?}"
+            ))),
         }
     }
 
