@@ -127,10 +127,10 @@ async fn main() {
                 }
                 Ok::<(), String>(())
             };
-            if let Err(e) = run.await {
-                if !failed.swap(true, Ordering::Relaxed) {
-                    eprintln!("tollgate-rlqs-load: stream {stream}: {e}");
-                }
+            if let Err(e) = run.await
+                && !failed.swap(true, Ordering::Relaxed)
+            {
+                eprintln!("tollgate-rlqs-load: stream {stream}: {e}");
             }
         }));
     }
