@@ -124,8 +124,8 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     let one = instance(target.clone(), &clock, "one");
     let two = instance(target, &clock, "two");
     let key = [("api_key", "k1")];
-    let (a, _rx_a) = one.open(Some("gateway-a"));
-    let (b, _rx_b) = two.open(Some("gateway-b"));
+    let (a, _rx_a) = one.open(Some("gateway-a")).expect("opens");
+    let (b, _rx_b) = two.open(Some("gateway-b")).expect("opens");
     one.report(a, &report(&key, 1, 0, 0)).expect("present");
     two.report(b, &report(&key, 1, 0, 0)).expect("present");
     clock.advance(Duration::from_secs(5));
@@ -143,8 +143,8 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     assert_eq!(assignment(&r), "5/1s", "10 of 40 across both instances");
     // A per-minute limit: what both instances admitted counts against it.
     let plan = [("plan", "gold")];
-    let (a2, _rx) = one.open(Some("gateway-a"));
-    let (b2, _rx) = two.open(Some("gateway-b"));
+    let (a2, _rx) = one.open(Some("gateway-a")).expect("opens");
+    let (b2, _rx) = two.open(Some("gateway-b")).expect("opens");
     one.report(a2, &report(&plan, 60, 0, 5)).expect("present");
     let r = two.report(b2, &report(&plan, 30, 0, 5)).expect("present");
     assert_ne!(assignment(&r), "deny", "90 of 100 so far");

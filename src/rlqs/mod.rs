@@ -94,7 +94,7 @@ impl RateLimitQuotaService for RlqsService {
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
             .map(|v| v.chars().take(MAX_CLIENT_NAME).collect::<String>());
-        let (id, rx) = self.quotas.open(client.as_deref());
+        let (id, rx) = self.quotas.open(client.as_deref())?;
         let reply = self.quotas.sender(id);
         let quotas = self.quotas.clone();
         let mut inbound = request.into_inner();

@@ -62,6 +62,8 @@ pub struct QuotaOptions {
     pub unmatched: Unmatched,
     /// The most buckets tracked at once; reports for more are not answered.
     pub max_buckets: usize,
+    /// The most streams open at once (all connections); more are refused.
+    pub max_streams: usize,
     /// Entries per bucket id, and bytes per key or value.
     pub max_entries: usize,
     /// Bytes of one bucket key or value, and of the domain.
@@ -77,6 +79,7 @@ impl Default for QuotaOptions {
             min_share: 0.05,
             unmatched: Unmatched::Allow,
             max_buckets: 100_000,
+            max_streams: 10_000,
             max_entries: 32,
             max_value_bytes: 65_536,
             instance: "tollgate".into(),
@@ -414,10 +417,17 @@ impl Quotas {
     }
 
     /// Opens a stream for `client` (a name the client gave, or none) and
-    /// returns its id and what it will receive.
-    pub fn open(&self, client: Option<&str>) -> (u64, mpsc::Receiver<Outgoing>) {
+    /// returns its id and what it will receive; RESOURCE_EXHAUSTED past
+    /// `max_streams`.
+    pub fn open(&self, client: Option<&str>) -> Result<(u64, mpsc::Receiver<Outgoing>), Status> {
         let (tx, rx) = mpsc::channel(PUSH_QUEUE);
         let mut state = self.state.lock();
+        if state.streams.len() >= self.options.max_streams {
+            return Err(Status::resource_exhausted(format!(
+                "{} quota streams are open, the most allowed (--rlqs-max-streams)",
+                state.streams.len()
+            )));
+        }
         let id = state.next_stream;
         state.next_stream += 1;
         let (client, named): (Arc<str>, bool) = match client {
@@ -435,7 +445,7 @@ impl Quotas {
             },
         );
         self.metrics.streams_opened.fetch_add(1, Ordering::Relaxed);
-        (id, rx)
+        Ok((id, rx))
     }
 
     /// Where stream `id`'s answers go (`None` once it is closed).

@@ -158,14 +158,14 @@ fn pushed(rx: &mut mpsc::Receiver<Outgoing>) -> HashMap<String, String> {
 fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
     let (q, _, clock) = quotas(QuotaOptions::default());
     let key = [("api_key", "k1")];
-    let (a, mut rx_a) = q.open(Some("gateway-a"));
+    let (a, mut rx_a) = q.open(Some("gateway-a")).expect("opens");
     // Envoy's first report for a new bucket covers no time: alone, the
     // whole rate.
     let r = q
         .report(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "20/1s max 20");
-    let (b, mut rx_b) = q.open(Some("gateway-b"));
+    let (b, mut rx_b) = q.open(Some("gateway-b")).expect("opens");
     // A second Envoy without a measured demand weighs as much as the
     // average one: half.
     let r = q
@@ -222,8 +222,8 @@ fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
 fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconnects() {
     let (q, _, clock) = quotas(QuotaOptions::default());
     let key = [("api_key", "k1")];
-    let (a, _rx_a) = q.open(Some("a"));
-    let (b, _rx_b) = q.open(Some("b"));
+    let (a, _rx_a) = q.open(Some("a")).expect("opens");
+    let (b, _rx_b) = q.open(Some("b")).expect("opens");
     q.report(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     q.report(b, &report(vec![usage(&key, 1, 0, 0)]))
@@ -239,13 +239,13 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
     // b reconnects (a new stream, same name): its first report covers no
     // time, and it still has the share it had.
     q.close(b);
-    let (b2, _rx) = q.open(Some("b"));
+    let (b2, _rx) = q.open(Some("b")).expect("opens");
     let r = q
         .report(b2, &report(vec![usage(&key, 0, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "1/1s max 1");
     // An anonymous stream's demand goes with it.
-    let (c, _rx_c) = q.open(None);
+    let (c, _rx_c) = q.open(None).expect("opens");
     clock.advance(Duration::from_secs(1));
     q.report(c, &report(vec![usage(&key, 0, 300, 5)]))
         .expect("present");
@@ -264,7 +264,7 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
 fn a_spent_window_is_denied_until_it_ends() {
     let (q, _, clock) = quotas(QuotaOptions::default());
     let key = [("plan", "daily")];
-    let (a, mut rx) = q.open(Some("a"));
+    let (a, mut rx) = q.open(Some("a")).expect("opens");
     let r = q
         .report(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
@@ -286,7 +286,7 @@ fn a_spent_window_is_denied_until_it_ends() {
 #[test]
 fn buckets_without_a_limit_and_special_limits() {
     let (q, _, _) = quotas(QuotaOptions::default());
-    let (a, _rx) = q.open(None);
+    let (a, _rx) = q.open(None).expect("opens");
     let r = q
         .report(
             a,
@@ -307,7 +307,7 @@ fn buckets_without_a_limit_and_special_limits() {
         unmatched: Unmatched::Deny,
         ..QuotaOptions::default()
     });
-    let (a, _rx) = q.open(None);
+    let (a, _rx) = q.open(None).expect("opens");
     let r = q
         .report(a, &report(vec![usage(&[("nobody", "x")], 1, 0, 0)]))
         .expect("present");
@@ -317,7 +317,7 @@ fn buckets_without_a_limit_and_special_limits() {
 #[test]
 fn a_reload_abandons_removed_buckets_and_pushes_changed_limits() {
     let (q, limiter, _) = quotas(QuotaOptions::default());
-    let (a, mut rx) = q.open(Some("a"));
+    let (a, mut rx) = q.open(Some("a")).expect("opens");
     q.report(
         a,
         &report(vec![
@@ -346,9 +346,13 @@ fn hostile_reports_are_bounded() {
         max_buckets: 2,
         max_entries: 2,
         max_value_bytes: 16,
+        max_streams: 1,
         ..QuotaOptions::default()
     });
-    let (a, _rx) = q.open(None);
+    let (a, _rx) = q.open(None).expect("opens");
+    let refused = q.open(Some("another")).expect_err("one stream at most");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(refused.message().contains("--rlqs-max-streams"), "{}", refused.message());
     let long = "x".repeat(17);
     let r = q
         .report(

@@ -96,6 +96,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
                 UnmatchedArg::DenyAll => Unmatched::Deny,
             },
             max_buckets: args.rlqs_max_buckets,
+            max_streams: args.rlqs_max_streams,
             max_entries: args.max_entries,
             max_value_bytes: args.max_value_bytes,
             instance: instance_name(),

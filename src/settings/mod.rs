@@ -251,6 +251,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKETS", default_value_t = 100_000, value_parser = at_least_one)]
     pub rlqs_max_buckets: usize,
 
+    /// Quota service: the most streams open at once (one per Envoy and
+    /// domain); more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = at_least_one)]
+    pub rlqs_max_streams: usize,
+
     /// Admitted hits above this share of a limit count as near the limit.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
