@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use common::envoy::{http, http_with_body};
 use common::redis::RedisServer;
 use common::{Tollgate, ask, request};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn rules(limit: u32) -> String {
@@ -356,6 +359,33 @@ async fn every_metric_in_the_readme_appears_after_traffic() {
             .await;
     }
     let _ = client.should_rate_limit(request("", &[])).await;
+    // One quota (RLQS) report, for the tollgate_rlqs_* series.
+    let mut quotas = RateLimitQuotaServiceClient::connect(format!("http://{}", server.addr))
+        .await
+        .expect("connect");
+    let report = RateLimitQuotaUsageReports {
+        domain: "ops".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("user".to_string(), "q".to_string())]
+                    .into_iter()
+                    .collect(),
+            }),
+            time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+            num_requests_allowed: 3,
+            num_requests_denied: 1,
+        }],
+    };
+    let mut answers = quotas
+        .stream_rate_limit_quotas(futures_util::stream::iter(vec![report]))
+        .await
+        .expect("stream")
+        .into_inner();
+    let answer = answers.message().await.expect("answer").expect("one");
+    assert_eq!(answer.bucket_action.len(), 1);
     redis.kill();
     for _ in 0..4 {
         let _ = client

@@ -352,7 +352,11 @@ fn hostile_reports_are_bounded() {
     let (a, _rx) = q.open(None).expect("opens");
     let refused = q.open(Some("another")).expect_err("one stream at most");
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-    assert!(refused.message().contains("--rlqs-max-streams"), "{}", refused.message());
+    assert!(
+        refused.message().contains("--rlqs-max-streams"),
+        "{}",
+        refused.message()
+    );
     let long = "x".repeat(17);
     let r = q
         .report(
