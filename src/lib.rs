@@ -30,4 +30,5 @@ pub mod rls;
 pub mod rules;
 pub mod server;
 pub mod settings;
+pub mod simulate;
 pub mod store;

@@ -194,6 +194,19 @@ pub(super) fn compile(
     else {
         return None;
     };
+    // `tollgate simulate --algorithm`: the same limits under another
+    // algorithm. Calendar quotas stay fixed windows; a window has no burst.
+    let (algorithm, burst) = match options.algorithm_override {
+        Some(other) if zone.is_none() && other != algorithm => (
+            other,
+            if other == Algorithm::TokenBucket {
+                burst
+            } else {
+                rpu
+            },
+        ),
+        _ => (algorithm, burst),
+    };
     let limit = Limit {
         requests_per_unit: rpu,
         unit,

@@ -20,6 +20,9 @@ pub struct LoadOptions {
     pub default_algorithm: Algorithm,
     /// The time zone of calendar limits that do not name one (`--time-zone`).
     pub time_zone: &'static Zone,
+    /// Every limit under this algorithm instead of its own (calendar quotas
+    /// excepted): what `tollgate simulate --algorithm` compares.
+    pub algorithm_override: Option<Algorithm>,
 }
 
 impl Default for LoadOptions {
@@ -28,6 +31,7 @@ impl Default for LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindow,
             time_zone: Zone::get("UTC").expect("UTC is in the bundled time zone database"),
+            algorithm_override: None,
         }
     }
 }

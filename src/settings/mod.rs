@@ -31,6 +31,71 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Validate rule files, print the compiled rules, exit non-zero on errors.
     Check(CheckArgs),
+    /// Replay timestamped requests (JSON lines, Envoy access logs, or
+    /// generated traffic) through rule sets on a simulated clock and report
+    /// what each rule would have refused.
+    Simulate(Box<SimulateArgs>),
+}
+
+/// `tollgate simulate`.
+#[derive(Debug, Args, Clone)]
+pub struct SimulateArgs {
+    /// Rule file or directory; repeat to compare rule sets side by side.
+    #[arg(long = "rules", required = true)]
+    pub rules: Vec<PathBuf>,
+    /// Traffic: JSON lines (a RateLimitRequest as `POST /json` takes it,
+    /// plus `timestamp`), or Envoy access logs with --envoy-config; repeatable.
+    #[arg(long = "traffic")]
+    pub traffic: Vec<PathBuf>,
+    /// The Envoy configuration whose rate limit filter, routes and access
+    /// log format turn access log lines into descriptors.
+    #[arg(long)]
+    pub envoy_config: Option<PathBuf>,
+    /// Generate traffic: `rate=100,seconds=600,clients=100,zipf=1,burstiness=0,domain=api,key=client,seed=1`.
+    #[arg(long)]
+    pub generate: Option<crate::simulate::Generate>,
+    /// Also write the traffic (read and generated) as JSON lines to this file.
+    #[arg(long)]
+    pub save_traffic: Option<PathBuf>,
+    /// Replay under this algorithm instead of each limit's own; repeat to
+    /// compare (calendar quotas stay fixed windows).
+    #[arg(long = "algorithm", value_enum)]
+    pub algorithms: Vec<AlgorithmArg>,
+    /// Write summary.json, series.csv, series.json and report.html here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Width of the plotted series' bins, e.g. `1s` (default: about 300 points).
+    #[arg(long, value_parser = parse_duration)]
+    pub bin: Option<Duration>,
+    /// Algorithm for limits that do not name one.
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
+    pub default_algorithm: AlgorithmArg,
+    /// Time zone of calendar limits that do not set `time_zone`.
+    #[arg(long, default_value = "UTC", value_parser = parse_zone)]
+    pub time_zone: &'static Zone,
+    /// Merge files that declare the same domain.
+    #[arg(long)]
+    pub merge_domains: bool,
+}
+
+impl SimulateArgs {
+    /// The simulation these arguments ask for.
+    pub fn simulation(&self) -> crate::simulate::Simulation {
+        crate::simulate::Simulation {
+            rules: self.rules.clone(),
+            traffic: self.traffic.clone(),
+            envoy_config: self.envoy_config.clone(),
+            generate: self.generate.clone(),
+            algorithms: self.algorithms.iter().map(|a| (*a).into()).collect(),
+            load: LoadOptions {
+                merge_domains: self.merge_domains,
+                default_algorithm: self.default_algorithm.into(),
+                time_zone: self.time_zone,
+                algorithm_override: None,
+            },
+            bin: self.bin.map(|b| b.as_nanos() as u64),
+        }
+    }
 }
 
 /// `tollgate serve`.
@@ -474,6 +539,7 @@ impl ServeArgs {
             merge_domains: self.merge_domains || reference_merge_domains(),
             default_algorithm: self.default_algorithm.into(),
             time_zone: self.time_zone,
+            algorithm_override: None,
         }
     }
 }
@@ -485,6 +551,7 @@ impl CheckArgs {
             merge_domains: self.merge_domains || reference_merge_domains(),
             default_algorithm: self.default_algorithm.into(),
             time_zone: self.time_zone,
+            algorithm_override: None,
         }
     }
 }

@@ -1,0 +1,237 @@
+//! One replay: every event through a production [`Limiter`] (the same rule
+//! loader, matcher, algorithms and memory store that `serve` uses) on a
+//! simulated clock, counting per rule.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::traffic::Event;
+use crate::clock::{ManualClock, NANOS_PER_SEC, Nanos};
+use crate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
+use crate::rules::RuleSet;
+use crate::store::{MemoryStore, MemoryStoreOptions, Store};
+
+/// The most distinct refused clients remembered per rule; past it refusals
+/// of new clients count under "(others)".
+const MAX_CLIENTS: usize = 100_000;
+
+/// Requests, admitted and refused in one bin of time.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Bin {
+    /// Requests the rule matched.
+    pub requests: u64,
+    /// Of them, refused by this rule.
+    pub refused: u64,
+}
+
+/// What one rule did over the replay.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RuleResult {
+    /// The rule as `/rlconfig` names it (domain and descriptor path).
+    pub rule: String,
+    /// Its `name`, if any.
+    pub name: Option<String>,
+    /// The limit, as `/rlconfig` shows it (e.g. `10/second sliding_window`).
+    pub limit: String,
+    /// Requests per second the limit allows one client, for plots.
+    pub limit_per_second: f64,
+    /// Requests the rule matched.
+    pub requests: u64,
+    /// Of them, not refused by this rule.
+    pub admitted: u64,
+    /// Of them, refused by this rule.
+    pub refused: u64,
+    /// The most of the limit any client had used, from 0 to 1.
+    pub peak_usage: f64,
+    /// The clients (descriptor values) refused most, most first.
+    pub top_refused: Vec<(String, u64)>,
+    /// Per bin of `bin_seconds`, from the replay's start.
+    #[serde(skip)]
+    pub series: Vec<Bin>,
+}
+
+/// The outcome of replaying the traffic under one rule set and algorithm.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    /// The scenario, e.g. `rules.yaml, sliding_window`.
+    pub scenario: String,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Requests refused (by any rule).
+    pub refused: u64,
+    /// Per rule that matched anything, in `/rlconfig` order.
+    pub rules: Vec<RuleResult>,
+    /// The series' bin width.
+    pub bin_seconds: f64,
+    /// The first event's time (Unix seconds).
+    pub start: f64,
+}
+
+struct Tracking {
+    result: RuleResult,
+    clients: HashMap<String, u64>,
+    limit: u32,
+}
+
+/// Replays `events` (sorted by time) under `rules`, counting in bins of
+/// `bin` nanoseconds from the first event. `progress` is told how many
+/// events are done, now and then.
+pub fn replay(
+    scenario: &str,
+    rules: RuleSet,
+    events: &[Event],
+    bin: Nanos,
+    progress: &dyn Fn(u64),
+) -> Outcome {
+    let start = events.first().map_or(0, |e| e.at);
+    let end = events.last().map_or(0, |e| e.at);
+    let bins = ((end - start) / bin.max(1) + 1) as usize;
+    let clock = ManualClock::new(start);
+    // Rules by their policy name's allocation: statuses carry that Arc.
+    let mut by_policy: HashMap<usize, usize> = HashMap::new();
+    let mut tracking: Vec<Tracking> = Vec::new();
+    for rule in rules.rules() {
+        let Some(limit) = rule.limit else { continue };
+        by_policy.insert(Arc::as_ptr(&rule.policy_name) as *const u8 as usize, tracking.len());
+        tracking.push(Tracking {
+            result: RuleResult {
+                rule: rule.path.clone(),
+                name: rule.name.clone(),
+                limit: format!(
+                    "{}/{} {}",
+                    limit.requests_per_unit,
+                    limit.period_name(),
+                    limit.algorithm
+                ),
+                limit_per_second: f64::from(limit.requests_per_unit)
+                    / limit.period_seconds() as f64,
+                requests: 0,
+                admitted: 0,
+                refused: 0,
+                peak_usage: 0.0,
+                top_refused: Vec::new(),
+                series: vec![Bin::default(); bins],
+            },
+            clients: HashMap::new(),
+            limit: limit.requests_per_unit,
+        });
+    }
+    let limiter = Limiter::new(
+        rules,
+        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Arc::new(clock.clone()),
+        LimiterOptions {
+            response_headers: false,
+            ..LimiterOptions::default()
+        },
+    );
+    let (mut requests, mut refused) = (0u64, 0u64);
+    for (n, event) in events.iter().enumerate() {
+        if n % 65_536 == 0 {
+            progress(n as u64);
+        }
+        clock.set(event.at);
+        let request = Request {
+            domain: &event.domain,
+            descriptors: event
+                .descriptors
+                .iter()
+                .map(|d| Descriptor {
+                    entries: d.iter().map(|(k, v)| (&**k, &**v)).collect(),
+                    limit_override: None,
+                    hits_addend: None,
+                })
+                .collect(),
+            hits_addend: event.hits,
+        };
+        // The memory store always answers at once.
+        let Some(Ok(decision)) = limiter.decide_now(&request) else {
+            continue;
+        };
+        requests += 1;
+        refused += u64::from(decision.over_limit);
+        let slot = ((event.at - start) / bin.max(1)) as usize;
+        for (i, status) in decision.statuses.iter().enumerate() {
+            let limits = status
+                .limit
+                .iter()
+                .map(|l| (l, status.over_limit, status.remaining))
+                .chain(status.others.iter().map(|o| (&o.limit, o.over_limit, o.remaining)));
+            for (applied, over, remaining) in limits {
+                let key = Arc::as_ptr(&applied.policy) as *const u8 as usize;
+                let Some(&t) = by_policy.get(&key) else {
+                    continue;
+                };
+                let t = &mut tracking[t];
+                let r = &mut t.result;
+                r.requests += 1;
+                r.series[slot].requests += 1;
+                if over {
+                    r.refused += 1;
+                    r.series[slot].refused += 1;
+                    let client: String = entries_text(&event.descriptors[i]);
+                    let tracked = t.clients.len();
+                    match t.clients.get_mut(&client) {
+                        Some(c) => *c += 1,
+                        None if tracked < MAX_CLIENTS => {
+                            t.clients.insert(client, 1);
+                        }
+                        None => *t.clients.entry("(others)".into()).or_default() += 1,
+                    }
+                } else {
+                    r.admitted += 1;
+                }
+                if t.limit > 0 {
+                    let used = f64::from(t.limit.saturating_sub(remaining)) / f64::from(t.limit);
+                    if used > r.peak_usage {
+                        r.peak_usage = used;
+                    }
+                } else {
+                    r.peak_usage = 1.0;
+                }
+            }
+        }
+    }
+    progress(events.len() as u64);
+    let rules = tracking
+        .into_iter()
+        .filter(|t| t.result.requests > 0)
+        .map(|mut t| {
+            let mut top: Vec<(String, u64)> = t.clients.into_iter().collect();
+            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            top.truncate(10);
+            t.result.top_refused = top;
+            t.result
+        })
+        .collect();
+    Outcome {
+        scenario: scenario.into(),
+        requests,
+        refused,
+        rules,
+        bin_seconds: bin as f64 / NANOS_PER_SEC as f64,
+        start: start as f64 / NANOS_PER_SEC as f64,
+    }
+}
+
+/// `key=value,key=value` of a descriptor.
+fn entries_text(entries: &[(Box<str>, Box<str>)]) -> String {
+    let parts: SmallVec<[String; 4]> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    parts.join(",")
+}
+
+/// A bin width that gives at most `most` bins over `span`: 1 ms to 1 h in
+/// steps people read (1, 2, 5, 10, 15, 30 ...).
+pub fn bin_for(span: Nanos, most: u64) -> Nanos {
+    const STEPS_MS: [u64; 20] = [
+        1, 10, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000,
+        300_000, 600_000, 900_000, 1_800_000, 3_600_000, 21_600_000, 86_400_000,
+    ];
+    STEPS_MS
+        .iter()
+        .map(|ms| ms * 1_000_000)
+        .find(|step| span / step < most)
+        .unwrap_or(86_400 * NANOS_PER_SEC)
+}

@@ -1,0 +1,262 @@
+//! What a simulation writes: the summary (stdout and `summary.json`), the
+//! series (`series.csv`, `series.json`) and `report.html`, one
+//! self-contained page with an SVG plot per rule and scenario (plotters).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::replay::{Outcome, RuleResult};
+
+/// The summary as people read it.
+pub fn summary_text(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    for o in outcomes {
+        let share = |n: u64, of: u64| if of == 0 { 0.0 } else { 100.0 * n as f64 / of as f64 };
+        let _ = writeln!(
+            out,
+            "== {}: {} requests, {} refused ({:.1} %)",
+            o.scenario,
+            o.requests,
+            o.refused,
+            share(o.refused, o.requests)
+        );
+        for r in &o.rules {
+            let name = r.name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {}{name}  {}: {} requests, {} admitted, {} refused ({:.1} %), peak {:.0} % of the limit",
+                r.rule,
+                r.limit,
+                r.requests,
+                r.admitted,
+                r.refused,
+                share(r.refused, r.requests),
+                100.0 * r.peak_usage
+            );
+            if !r.top_refused.is_empty() {
+                let top: Vec<String> = r
+                    .top_refused
+                    .iter()
+                    .take(5)
+                    .map(|(client, n)| format!("{client} ({n})"))
+                    .collect();
+                let _ = writeln!(out, "    refused most: {}", top.join(", "));
+            }
+        }
+    }
+    out
+}
+
+/// `summary.json`: per scenario, per rule.
+pub fn summary_json(outcomes: &[Outcome]) -> serde_json::Value {
+    serde_json::json!({ "scenarios": outcomes })
+}
+
+/// `series.csv`: scenario, rule, bin start (seconds from the first event),
+/// requests, admitted, refused.
+pub fn series_csv(outcomes: &[Outcome]) -> String {
+    let mut out = String::from("scenario,rule,second,requests,admitted,refused\n");
+    for o in outcomes {
+        for r in &o.rules {
+            for (i, b) in r.series.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "{},{},{},{},{},{}",
+                    csv(&o.scenario),
+                    csv(&r.rule),
+                    i as f64 * o.bin_seconds,
+                    b.requests,
+                    b.requests - b.refused,
+                    b.refused
+                );
+            }
+        }
+    }
+    out
+}
+
+fn csv(text: &str) -> String {
+    if text.contains([',', '"', '\n']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_owned()
+    }
+}
+
+/// `series.json`: the same as `series.csv`, per scenario and rule.
+pub fn series_json(outcomes: &[Outcome]) -> serde_json::Value {
+    let scenarios: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "scenario": o.scenario,
+                "bin_seconds": o.bin_seconds,
+                "start": o.start,
+                "rules": o.rules.iter().map(|r| serde_json::json!({
+                    "rule": r.rule,
+                    "requests": r.series.iter().map(|b| b.requests).collect::<Vec<_>>(),
+                    "refused": r.series.iter().map(|b| b.refused).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "scenarios": scenarios })
+}
+
+/// One plot: requests, admitted and refused per second over time, and the
+/// limit's rate for one client, as an SVG document.
+pub fn plot(title: &str, rule: &RuleResult, bin_seconds: f64) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (560, 300)).into_drawing_area();
+        let _ = draw(&root, title, rule, bin_seconds);
+        let _ = root.present();
+    }
+    svg
+}
+
+fn draw(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    rule: &RuleResult,
+    bin_seconds: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let per_second = |n: u64| n as f64 / bin_seconds;
+    let x_end = (rule.series.len() as f64 * bin_seconds).max(bin_seconds);
+    let y_top = rule
+        .series
+        .iter()
+        .map(|b| per_second(b.requests))
+        .fold(rule.limit_per_second, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 14))
+        .margin(8)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..x_end, 0.0..y_top.max(1.0))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("requests/s")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let points = |f: &dyn Fn(&super::replay::Bin) -> u64| {
+        rule.series
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as f64 * bin_seconds, per_second(f(b))))
+            .collect::<Vec<_>>()
+    };
+    let blue = RGBColor(31, 119, 180);
+    let green = RGBColor(44, 160, 44);
+    let red = RGBColor(214, 39, 40);
+    chart
+        .draw_series(LineSeries::new(points(&|b| b.requests), blue.stroke_width(1)))?
+        .label("requests")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], blue));
+    chart
+        .draw_series(LineSeries::new(points(&|b| b.requests - b.refused), green.stroke_width(1)))?
+        .label("admitted")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], green));
+    chart
+        .draw_series(LineSeries::new(points(&|b| b.refused), red.stroke_width(1)))?
+        .label("refused")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], red));
+    let limit = rule.limit_per_second;
+    chart
+        .draw_series(LineSeries::new([(0.0, limit), (x_end, limit)], BLACK.mix(0.5).stroke_width(1)))?
+        .label("limit per client")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .draw()?;
+    Ok(())
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// `report.html`: per rule, a row with its plot under each scenario, and the
+/// summary table. Self-contained: no scripts, styles or fonts from elsewhere.
+pub fn report_html(outcomes: &[Outcome]) -> String {
+    let mut html = String::from(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tollgate simulate</title>\n<style>\nbody{font-family:sans-serif;margin:24px;color:#222}\n.row{display:flex;flex-wrap:wrap;gap:12px}\n.plot{border:1px solid #ddd}\ntable{border-collapse:collapse}td,th{border:1px solid #ddd;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\n</style></head><body>\n<h1>tollgate simulate</h1>\n",
+    );
+    let _ = writeln!(html, "<h2>Summary</h2>\n<table><tr><th>scenario / rule</th><th>limit</th><th>requests</th><th>admitted</th><th>refused</th><th>peak</th></tr>");
+    for o in outcomes {
+        let _ = writeln!(
+            html,
+            "<tr><th colspan=\"6\">{} ({} requests, {} refused)</th></tr>",
+            escape(&o.scenario),
+            o.requests,
+            o.refused
+        );
+        for r in &o.rules {
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
+                escape(&r.rule),
+                escape(&r.limit),
+                r.requests,
+                r.admitted,
+                r.refused,
+                100.0 * r.peak_usage
+            );
+        }
+    }
+    html.push_str("</table>\n");
+    // Rules in the order they first appear; each row shows every scenario.
+    let mut rules: Vec<&str> = Vec::new();
+    for o in outcomes {
+        for r in &o.rules {
+            if !rules.contains(&r.rule.as_str()) {
+                rules.push(&r.rule);
+            }
+        }
+    }
+    for rule in rules {
+        let _ = writeln!(html, "<h2 class=\"rule\">{}</h2>\n<div class=\"row\">", escape(rule));
+        for o in outcomes {
+            if let Some(r) = o.rules.iter().find(|r| r.rule == rule) {
+                let title = format!("{} — {}", o.scenario, r.limit);
+                let _ = writeln!(
+                    html,
+                    "<div class=\"plot\" data-rule=\"{}\">{}</div>",
+                    escape(rule),
+                    plot(&title, r, o.bin_seconds)
+                );
+            }
+        }
+        html.push_str("</div>\n");
+    }
+    html.push_str("</body></html>\n");
+    html
+}
+
+/// Writes every output file into `dir`.
+pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write(
+        "summary.json",
+        serde_json::to_string_pretty(&summary_json(outcomes)).unwrap_or_default(),
+    )?;
+    write("series.csv", series_csv(outcomes))?;
+    write("series.json", series_json(outcomes).to_string())?;
+    write("report.html", report_html(outcomes))?;
+    Ok(())
+}

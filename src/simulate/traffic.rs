@@ -1,0 +1,366 @@
+//! Traffic for the simulator: timestamped rate limit requests, read from JSON
+//! lines or made up by the generator.
+//!
+//! A JSON line is a RateLimitRequest in the protobuf JSON mapping, exactly
+//! what `POST /json` takes (`domain`, `descriptors` of `entries` with `key`
+//! and `value`, optional `hitsAddend`), plus `timestamp`: RFC 3339, or Unix
+//! seconds as a number.
+
+use std::io::BufRead;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+/// A descriptor's `(key, value)` entries.
+pub type Entries = Vec<(Box<str>, Box<str>)>;
+
+/// One request at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// When, in nanoseconds since the Unix epoch.
+    pub at: Nanos,
+    /// The rule domain.
+    pub domain: Box<str>,
+    /// Descriptors, each a list of `(key, value)` entries.
+    pub descriptors: Vec<Entries>,
+    /// Hits (0 means 1, as in the protocol).
+    pub hits: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Line<'a> {
+    #[serde(borrow)]
+    timestamp: Timestamp<'a>,
+    #[serde(borrow)]
+    domain: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    descriptors: Vec<LineDescriptor<'a>>,
+    #[serde(default, alias = "hits_addend")]
+    hits_addend: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Timestamp<'a> {
+    Seconds(f64),
+    Text(#[serde(borrow)] std::borrow::Cow<'a, str>),
+}
+
+#[derive(Deserialize)]
+struct LineDescriptor<'a> {
+    #[serde(default, borrow)]
+    entries: Vec<LineEntry<'a>>,
+}
+
+#[derive(Deserialize)]
+struct LineEntry<'a> {
+    #[serde(borrow)]
+    key: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    value: std::borrow::Cow<'a, str>,
+}
+
+/// An RFC 3339 time (or Unix seconds as text) in nanoseconds.
+pub fn parse_time(text: &str) -> Result<Nanos, String> {
+    if let Ok(seconds) = text.parse::<f64>() {
+        return seconds_to_nanos(seconds);
+    }
+    let ts: jiff::Timestamp = text
+        .parse()
+        .map_err(|e| format!("'{text}' is not an RFC 3339 time: {e}"))?;
+    u64::try_from(ts.as_nanosecond()).map_err(|_| format!("'{text}' is before 1970"))
+}
+
+fn seconds_to_nanos(seconds: f64) -> Result<Nanos, String> {
+    if !(0.0..4e9).contains(&seconds) {
+        return Err(format!("timestamp {seconds} is not a Unix time in seconds"));
+    }
+    // Whole seconds and the fraction apart: their product would round.
+    let whole = seconds.trunc() as u64;
+    let fraction = ((seconds - seconds.trunc()) * NANOS_PER_SEC as f64).round() as u64;
+    Ok(whole * NANOS_PER_SEC + fraction)
+}
+
+/// One JSON line as an event.
+pub fn parse_line(line: &str) -> Result<Event, String> {
+    let parsed: Line = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let at = match parsed.timestamp {
+        Timestamp::Seconds(s) => seconds_to_nanos(s)?,
+        Timestamp::Text(t) => parse_time(&t)?,
+    };
+    Ok(Event {
+        at,
+        domain: parsed.domain.into(),
+        descriptors: parsed
+            .descriptors
+            .into_iter()
+            .map(|d| {
+                d.entries
+                    .into_iter()
+                    .map(|e| (Box::from(&*e.key), Box::from(&*e.value)))
+                    .collect()
+            })
+            .collect(),
+        hits: parsed.hits_addend,
+    })
+}
+
+/// Every event of a JSON lines file; an error names the file and line.
+pub fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut events = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        events.push(parse_line(&line).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?);
+    }
+    Ok(events)
+}
+
+/// What `--generate` makes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generate {
+    /// Mean requests per second.
+    pub rate: f64,
+    /// Seconds of traffic.
+    pub seconds: f64,
+    /// Distinct clients.
+    pub clients: u32,
+    /// Zipf exponent of how often each client sends (0: all alike).
+    pub zipf: f64,
+    /// How bursty: 0 is Poisson; b > 0 sends in on/off periods, `1 + b`
+    /// times the rate while on.
+    pub burstiness: f64,
+    /// The domain of the requests.
+    pub domain: String,
+    /// The descriptor key the client id goes under.
+    pub key: String,
+    /// Seed of the random numbers (same seed, same traffic).
+    pub seed: u64,
+    /// When the traffic starts (Unix seconds).
+    pub start: u64,
+}
+
+impl Default for Generate {
+    fn default() -> Self {
+        Self {
+            rate: 100.0,
+            seconds: 600.0,
+            clients: 100,
+            zipf: 1.0,
+            burstiness: 0.0,
+            domain: "api".into(),
+            key: "client".into(),
+            seed: 1,
+            start: 1_767_225_600, // 2026-01-01T00:00:00Z
+        }
+    }
+}
+
+impl std::str::FromStr for Generate {
+    type Err = String;
+
+    /// `rate=200,seconds=3600,clients=1000,zipf=1.1,burstiness=2,domain=api,key=client,seed=7`
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut g = Generate::default();
+        for part in text.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not name=value"))?;
+            let number = || {
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v >= 0.0)
+                    .ok_or_else(|| format!("{name}: '{value}' is not a number of at least 0"))
+            };
+            match name {
+                "rate" => g.rate = number()?,
+                "seconds" => g.seconds = number()?,
+                "clients" => g.clients = number()?.clamp(1.0, 10_000_000.0) as u32,
+                "zipf" => g.zipf = number()?,
+                "burstiness" => g.burstiness = number()?,
+                "seed" => g.seed = number()? as u64,
+                "start" => g.start = number()? as u64,
+                "domain" => g.domain = value.into(),
+                "key" => g.key = value.into(),
+                other => {
+                    return Err(format!(
+                        "unknown generator setting '{other}' (rate, seconds, clients, zipf, burstiness, domain, key, seed, start)"
+                    ));
+                }
+            }
+        }
+        if g.rate <= 0.0 || g.seconds <= 0.0 {
+            return Err("rate and seconds must be above 0".into());
+        }
+        if g.rate * g.seconds > 200_000_000.0 {
+            return Err(format!(
+                "{} requests is more than the generator makes (200,000,000)",
+                g.rate * g.seconds
+            ));
+        }
+        Ok(g)
+    }
+}
+
+/// A small, fast, seedable generator (SplitMix64): traffic must be the same
+/// for the same seed on every machine.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+}
+
+/// Traffic as `g` describes it: arrivals of a Poisson process (modulated
+/// on/off when bursty), each from a client drawn with Zipf weights.
+pub fn generate(g: &Generate) -> Vec<Event> {
+    let mut random = Random(g.seed);
+    // Cumulative Zipf weights of the clients.
+    let mut cumulative = Vec::with_capacity(g.clients as usize);
+    let mut total = 0.0;
+    for i in 1..=g.clients {
+        total += 1.0 / f64::from(i).powf(g.zipf);
+        cumulative.push(total);
+    }
+    let names: Vec<Box<str>> = (0..g.clients).map(|i| format!("c{i}").into()).collect();
+    let mut events = Vec::with_capacity((g.rate * g.seconds * 1.05) as usize);
+    let mut t = 0.0;
+    // On/off periods of 1 to 10 s: on at (1 + b) x rate, off long enough
+    // that the mean stays `rate`.
+    let on_share = 1.0 / (1.0 + g.burstiness);
+    let mut period_end = 0.0;
+    let mut on = true;
+    while t < g.seconds {
+        if g.burstiness > 0.0 && t >= period_end {
+            on = random.unit() < on_share;
+            period_end = t + 1.0 + 9.0 * random.unit();
+        }
+        let rate = if g.burstiness > 0.0 {
+            if on { g.rate * (1.0 + g.burstiness) } else { 0.0 }
+        } else {
+            g.rate
+        };
+        if rate == 0.0 {
+            t = period_end;
+            continue;
+        }
+        t += -random.unit().ln() / rate;
+        if g.burstiness > 0.0 && t >= period_end {
+            // The on period ended before this arrival.
+            t = period_end;
+            continue;
+        }
+        if t >= g.seconds {
+            break;
+        }
+        let pick = random.unit() * total;
+        let client = cumulative.partition_point(|c| *c < pick).min(names.len() - 1);
+        events.push(Event {
+            at: g.start * NANOS_PER_SEC + (t * NANOS_PER_SEC as f64) as Nanos,
+            domain: g.domain.as_str().into(),
+            descriptors: vec![vec![(g.key.as_str().into(), names[client].clone())]],
+            hits: 0,
+        });
+    }
+    events
+}
+
+/// Events as JSON lines, as [`read_jsonl`] reads them.
+pub fn to_jsonl(events: &[Event], out: &mut impl std::io::Write) -> std::io::Result<()> {
+    for e in events {
+        let descriptors: Vec<serde_json::Value> = e
+            .descriptors
+            .iter()
+            .map(|d| {
+                serde_json::json!({"entries": d.iter().map(|(k, v)| serde_json::json!({"key": &**k, "value": &**v})).collect::<Vec<_>>()})
+            })
+            .collect();
+        let mut line = serde_json::json!({
+            "timestamp": e.at as f64 / NANOS_PER_SEC as f64,
+            "domain": &*e.domain,
+            "descriptors": descriptors,
+        });
+        if e.hits > 0 {
+            line["hitsAddend"] = e.hits.into();
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_read_as_post_json_takes_them() {
+        let e = parse_line(
+            r#"{"timestamp":"2026-01-01T00:00:01.5Z","domain":"api","descriptors":[{"entries":[{"key":"user","value":"ann"},{"key":"path","value":"/x"}]}],"hitsAddend":3}"#,
+        )
+        .expect("parses");
+        assert_eq!(e.at, 1_767_225_601_500_000_000);
+        assert_eq!(&*e.domain, "api");
+        assert_eq!(e.descriptors[0][1], ("path".into(), "/x".into()));
+        assert_eq!(e.hits, 3);
+        let e = parse_line(r#"{"timestamp":1767225600.25,"domain":"api","descriptors":[]}"#)
+            .expect("parses");
+        assert_eq!(e.at, 1_767_225_600_250_000_000);
+        assert!(parse_line(r#"{"domain":"api"}"#).is_err(), "a timestamp is required");
+        assert!(parse_line(r#"{"timestamp":-5,"domain":"api"}"#).is_err());
+        assert!(parse_line(r#"{"timestamp":"yesterday","domain":"api"}"#).is_err());
+    }
+
+    #[test]
+    fn generated_traffic_has_its_rate_skew_and_seed() {
+        let g: Generate = "rate=200,seconds=100,clients=50,zipf=1.2,seed=3"
+            .parse()
+            .expect("spec");
+        let events = generate(&g);
+        let n = events.len() as f64;
+        assert!((n - 20_000.0).abs() < 600.0, "{n} events for 200/s over 100 s");
+        assert!(events.windows(2).all(|w| w[0].at <= w[1].at), "in time order");
+        let first = events.iter().filter(|e| &*e.descriptors[0][0].1 == "c0").count() as f64;
+        let tenth = events.iter().filter(|e| &*e.descriptors[0][0].1 == "c9").count() as f64;
+        // Zipf 1.2: client 1 sends 10^1.2 = 15.8 times as often as client 10.
+        assert!((first / tenth - 15.8).abs() < 4.0, "{first} / {tenth}");
+        assert_eq!(generate(&g), events, "same seed, same traffic");
+        let bursty = generate(&"rate=200,seconds=100,burstiness=3".parse().expect("spec"));
+        let per_second = |s: u64| {
+            bursty
+                .iter()
+                .filter(|e| e.at / NANOS_PER_SEC == g.start + s)
+                .count()
+        };
+        let busiest = (0..100).map(per_second).max().unwrap_or(0);
+        let idle = (0..100).filter(|s| per_second(*s) == 0).count();
+        assert!(busiest > 600 && idle > 20, "bursts of ~800/s and idle seconds: {busiest}, {idle}");
+        assert!("rate=0".parse::<Generate>().is_err());
+        assert!("colour=red".parse::<Generate>().is_err());
+        let mut text = Vec::new();
+        to_jsonl(&events[..3], &mut text).expect("writes");
+        let back: Vec<Event> = String::from_utf8(text)
+            .expect("utf-8")
+            .lines()
+            .map(|l| parse_line(l).expect("reads back"))
+            .collect();
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[0].descriptors, events[0].descriptors);
+    }
+}
