@@ -46,7 +46,11 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Simulate(args) => {
             let simulation = args.simulation();
-            match tollgate::simulate::main(&simulation, args.out.as_deref(), args.save_traffic.as_deref()) {
+            match tollgate::simulate::main(
+                &simulation,
+                args.out.as_deref(),
+                args.save_traffic.as_deref(),
+            ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("tollgate simulate: {e}");

@@ -192,15 +192,17 @@ impl EnvoyConfig {
             .and_then(|m| m["access_log"].as_array())
             .and_then(|a| a.first());
         let format = log.map(|l| &l["typed_config"]["log_format"]);
-        let json_format = format
-            .and_then(|f| f["json_format"].as_object())
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().map_or(Field::Other, field_of)))
-                    .collect()
-            });
+        let json_format = format.and_then(|f| f["json_format"].as_object()).map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map_or(Field::Other, field_of)))
+                .collect()
+        });
         let text_format = format
-            .and_then(|f| f["text_format_source"]["inline_string"].as_str().or(f["text_format"].as_str()))
+            .and_then(|f| {
+                f["text_format_source"]["inline_string"]
+                    .as_str()
+                    .or(f["text_format"].as_str())
+            })
             .unwrap_or(DEFAULT_FORMAT)
             .to_owned();
         let local_cluster = config["cluster_manager"]["local_cluster_name"]
@@ -267,7 +269,10 @@ impl EnvoyConfig {
     fn recorded(&self) -> Vec<Field> {
         match &self.json_format {
             Some(format) => format.values().cloned().collect(),
-            None => template(&self.text_format).into_iter().map(|(_, f)| f).collect(),
+            None => template(&self.text_format)
+                .into_iter()
+                .map(|(_, f)| f)
+                .collect(),
         }
     }
 }
@@ -290,7 +295,11 @@ fn conventional_field(key: &str) -> Field {
 /// Whether a virtual host's `domains` pattern matches `host` (port removed).
 fn domain_matches(pattern: &str, host: &str) -> bool {
     let host = host.rsplit_once(':').map_or(host, |(h, p)| {
-        if p.chars().all(|c| c.is_ascii_digit()) { h } else { host }
+        if p.chars().all(|c| c.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
     });
     if pattern == "*" {
         return true;
@@ -346,7 +355,9 @@ fn string_matches(matcher: &Value, value: &str) -> Option<bool> {
 fn header_matches(matcher: &Value, logged: &Logged, recorded: &[Field]) -> Result<bool, String> {
     let name = matcher["name"].as_str().unwrap_or("").to_ascii_lowercase();
     if !recorded.contains(&Field::Header(name.clone())) {
-        return Err(format!("header '{name}' (the access log does not record it: add %REQ({name})% to its format)"));
+        return Err(format!(
+            "header '{name}' (the access log does not record it: add %REQ({name})% to its format)"
+        ));
     }
     let value = logged.headers.get(&name).filter(|v| !v.is_empty());
     let invert = matcher["invert_match"].as_bool().unwrap_or(false);
@@ -373,14 +384,24 @@ fn header_matches(matcher: &Value, logged: &Logged, recorded: &[Field]) -> Resul
 }
 
 /// The route a request takes: `(route, virtual host)`.
-fn route<'a>(config: &'a EnvoyConfig, logged: &Logged, recorded: &[Field]) -> Result<Option<(&'a Value, &'a Value)>, String> {
-    let host = logged.headers.get(":authority").cloned().unwrap_or_default();
+fn route<'a>(
+    config: &'a EnvoyConfig,
+    logged: &Logged,
+    recorded: &[Field],
+) -> Result<Option<(&'a Value, &'a Value)>, String> {
+    let host = logged
+        .headers
+        .get(":authority")
+        .cloned()
+        .unwrap_or_default();
     let path = logged.headers.get(":path").cloned().unwrap_or_default();
     let path_only = path.split('?').next().unwrap_or("");
     let Some(vhost) = config.virtual_hosts.iter().find(|v| {
-        v["domains"]
-            .as_array()
-            .is_some_and(|d| d.iter().filter_map(Value::as_str).any(|p| domain_matches(p, &host)))
+        v["domains"].as_array().is_some_and(|d| {
+            d.iter()
+                .filter_map(Value::as_str)
+                .any(|p| domain_matches(p, &host))
+        })
     }) else {
         return Ok(None);
     };
@@ -417,12 +438,20 @@ fn masked(address: &str, bits: u32, bits6: u32) -> Option<String> {
     Some(match ip {
         std::net::IpAddr::V4(v4) => {
             let bits = bits.min(32);
-            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
             format!("{}/{bits}", std::net::Ipv4Addr::from(u32::from(v4) & mask))
         }
         std::net::IpAddr::V6(v6) => {
             let bits = bits6.min(128);
-            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
             format!("{}/{bits}", std::net::Ipv6Addr::from(u128::from(v6) & mask))
         }
     })
@@ -470,7 +499,10 @@ fn descriptor(
                     ));
                 }
                 match logged.headers.get(&name).filter(|v| !v.is_empty()) {
-                    Some(v) => Some((a["descriptor_key"].as_str().unwrap_or(&name).to_owned(), v.clone())),
+                    Some(v) => Some((
+                        a["descriptor_key"].as_str().unwrap_or(&name).to_owned(),
+                        v.clone(),
+                    )),
                     None if a["skip_if_absent"].as_bool().unwrap_or(false) => continue,
                     None => return Ok(None),
                 }
@@ -488,14 +520,19 @@ fn descriptor(
             }
             "masked_remote_address" => {
                 let Some(address) = client_address(logged) else {
-                    return Err("masked_remote_address: the access log records no client address".into());
+                    return Err(
+                        "masked_remote_address: the access log records no client address".into(),
+                    );
                 };
                 let v4 = a["v4_prefix_mask_len"].as_u64().unwrap_or(32) as u32;
                 let v6 = a["v6_prefix_mask_len"].as_u64().unwrap_or(128) as u32;
                 masked(&address, v4, v6).map(|m| ("masked_remote_address".into(), m))
             }
             "generic_key" => Some((
-                a["descriptor_key"].as_str().unwrap_or("generic_key").to_owned(),
+                a["descriptor_key"]
+                    .as_str()
+                    .unwrap_or("generic_key")
+                    .to_owned(),
                 a["descriptor_value"].as_str().unwrap_or("").to_owned(),
             )),
             "header_value_match" => {
@@ -507,7 +544,10 @@ fn descriptor(
                     return Ok(None);
                 }
                 Some((
-                    a["descriptor_key"].as_str().unwrap_or("header_match").to_owned(),
+                    a["descriptor_key"]
+                        .as_str()
+                        .unwrap_or("header_match")
+                        .to_owned(),
                     a["descriptor_value"].as_str().unwrap_or("").to_owned(),
                 ))
             }
@@ -517,12 +557,14 @@ fn descriptor(
                 };
                 Some(("destination_cluster".into(), cluster.to_owned()))
             }
-            "source_cluster" => match &config.local_cluster {
-                Some(c) => Some(("source_cluster".into(), c.clone())),
-                None => {
-                    return Err("source_cluster: the configuration names no local cluster (node.cluster)".into());
+            "source_cluster" => {
+                match &config.local_cluster {
+                    Some(c) => Some(("source_cluster".into(), c.clone())),
+                    None => {
+                        return Err("source_cluster: the configuration names no local cluster (node.cluster)".into());
+                    }
                 }
-            },
+            }
             other => return Err(format!("action '{other}' is not supported by the importer")),
         };
         if let Some((k, v)) = entry {
@@ -552,7 +594,9 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
             continue;
         };
         let Some(at) = logged.time.as_deref().and_then(|t| parse_time(t).ok()) else {
-            *problems.entry("a line without a readable start time (%START_TIME%)".into()).or_default() += 1;
+            *problems
+                .entry("a line without a readable start time (%START_TIME%)".into())
+                .or_default() += 1;
             continue;
         };
         let routed = match &config.filter_rate_limits {
@@ -575,7 +619,9 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
                 None => Vec::new(),
                 Some((r, vhost)) => {
                     let own = r["route"]["rate_limits"].as_array();
-                    let include = r["route"]["include_vh_rate_limits"].as_bool().unwrap_or(false);
+                    let include = r["route"]["include_vh_rate_limits"]
+                        .as_bool()
+                        .unwrap_or(false);
                     let mut all: Vec<&Value> = own.into_iter().flatten().collect();
                     if include || own.is_none_or(|o| o.is_empty()) {
                         all.extend(vhost["rate_limits"].as_array().into_iter().flatten());
@@ -636,18 +682,32 @@ mod tests {
         let t = template(DEFAULT_FORMAT);
         let line = r#"[2026-01-01T00:00:01.250Z] "GET /api/items?x=1 HTTP/1.1" 200 - 0 12 3 2 "10.0.0.7" "curl/8" "abc" "api.example.com" "10.1.0.3:8080""#;
         let fields = read_text(&t, line).expect("reads");
-        let get = |f: Field| fields.iter().find(|(g, _)| *g == f).map(|(_, v)| v.as_str());
+        let get = |f: Field| {
+            fields
+                .iter()
+                .find(|(g, _)| *g == f)
+                .map(|(_, v)| v.as_str())
+        };
         assert_eq!(get(Field::StartTime), Some("2026-01-01T00:00:01.250Z"));
         assert_eq!(get(Field::Header(":path".into())), Some("/api/items?x=1"));
-        assert_eq!(get(Field::Header("x-forwarded-for".into())), Some("10.0.0.7"));
-        assert_eq!(get(Field::Header(":authority".into())), Some("api.example.com"));
+        assert_eq!(
+            get(Field::Header("x-forwarded-for".into())),
+            Some("10.0.0.7")
+        );
+        assert_eq!(
+            get(Field::Header(":authority".into())),
+            Some("api.example.com")
+        );
         assert!(read_text(&t, "not a log line").is_none());
     }
 
     #[test]
     fn addresses_mask_and_domains_match() {
         assert_eq!(masked("10.1.2.3", 24, 128).as_deref(), Some("10.1.2.0/24"));
-        assert_eq!(masked("2001:db8::1", 32, 64).as_deref(), Some("2001:db8::/64"));
+        assert_eq!(
+            masked("2001:db8::1", 32, 64).as_deref(),
+            Some("2001:db8::/64")
+        );
         assert!(domain_matches("*.example.com", "api.example.com:443"));
         assert!(domain_matches("*", "anything"));
         assert!(!domain_matches("api.example.com", "www.example.com"));

@@ -73,7 +73,11 @@ pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), Strin
 
 /// Replays `events` under every rule set and algorithm. `progress` gets the
 /// number of events done (over all scenarios) now and then.
-pub fn run(sim: &Simulation, events: &[Event], progress: &dyn Fn(u64)) -> Result<Vec<Outcome>, String> {
+pub fn run(
+    sim: &Simulation,
+    events: &[Event],
+    progress: &dyn Fn(u64),
+) -> Result<Vec<Outcome>, String> {
     let span = events.last().map_or(0, |e| e.at) - events.first().map_or(0, |e| e.at);
     let bin = sim.bin.unwrap_or_else(|| replay::bin_for(span, 300));
     let algorithms: Vec<Option<Algorithm>> = if sim.algorithms.is_empty() {
@@ -84,9 +88,10 @@ pub fn run(sim: &Simulation, events: &[Event], progress: &dyn Fn(u64)) -> Result
     let mut outcomes = Vec::new();
     let mut done = 0u64;
     for path in &sim.rules {
-        let file = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+        let file = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
         for algorithm in &algorithms {
             let options = LoadOptions {
                 algorithm_override: *algorithm,
@@ -99,7 +104,9 @@ pub fn run(sim: &Simulation, events: &[Event], progress: &dyn Fn(u64)) -> Result
                 None => file.clone(),
             };
             let base = done;
-            outcomes.push(replay(&scenario, rules, events, bin, &|n| progress(base + n)));
+            outcomes.push(replay(&scenario, rules, events, bin, &|n| {
+                progress(base + n)
+            }));
             done += events.len() as u64;
         }
     }
@@ -108,7 +115,11 @@ pub fn run(sim: &Simulation, events: &[Event], progress: &dyn Fn(u64)) -> Result
 
 /// `tollgate simulate`, from the command line: prints the summary, writes
 /// `--out`, and says how fast the replay ran.
-pub fn main(sim: &Simulation, out: Option<&std::path::Path>, save_traffic: Option<&std::path::Path>) -> Result<(), String> {
+pub fn main(
+    sim: &Simulation,
+    out: Option<&std::path::Path>,
+    save_traffic: Option<&std::path::Path>,
+) -> Result<(), String> {
     let loading = Instant::now();
     let (events, notes) = load_traffic(sim)?;
     for note in &notes {

@@ -94,7 +94,10 @@ pub fn replay(
     let mut tracking: Vec<Tracking> = Vec::new();
     for rule in rules.rules() {
         let Some(limit) = rule.limit else { continue };
-        by_policy.insert(Arc::as_ptr(&rule.policy_name) as *const u8 as usize, tracking.len());
+        by_policy.insert(
+            Arc::as_ptr(&rule.policy_name) as *const u8 as usize,
+            tracking.len(),
+        );
         tracking.push(Tracking {
             result: RuleResult {
                 rule: rule.path.clone(),
@@ -158,7 +161,12 @@ pub fn replay(
                 .limit
                 .iter()
                 .map(|l| (l, status.over_limit, status.remaining))
-                .chain(status.others.iter().map(|o| (&o.limit, o.over_limit, o.remaining)));
+                .chain(
+                    status
+                        .others
+                        .iter()
+                        .map(|o| (&o.limit, o.over_limit, o.remaining)),
+                );
             for (applied, over, remaining) in limits {
                 let key = Arc::as_ptr(&applied.policy) as *const u8 as usize;
                 let Some(&t) = by_policy.get(&key) else {

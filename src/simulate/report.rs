@@ -13,7 +13,13 @@ use super::replay::{Outcome, RuleResult};
 pub fn summary_text(outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     for o in outcomes {
-        let share = |n: u64, of: u64| if of == 0 { 0.0 } else { 100.0 * n as f64 / of as f64 };
+        let share = |n: u64, of: u64| {
+            if of == 0 {
+                0.0
+            } else {
+                100.0 * n as f64 / of as f64
+            }
+        };
         let _ = writeln!(
             out,
             "== {}: {} requests, {} refused ({:.1} %)",
@@ -23,7 +29,11 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
             share(o.refused, o.requests)
         );
         for r in &o.rules {
-            let name = r.name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default();
+            let name = r
+                .name
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  {}{name}  {}: {} requests, {} admitted, {} refused ({:.1} %), peak {:.0} % of the limit",
@@ -155,11 +165,17 @@ fn draw(
     let green = RGBColor(44, 160, 44);
     let red = RGBColor(214, 39, 40);
     chart
-        .draw_series(LineSeries::new(points(&|b| b.requests), blue.stroke_width(1)))?
+        .draw_series(LineSeries::new(
+            points(&|b| b.requests),
+            blue.stroke_width(1),
+        ))?
         .label("requests")
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], blue));
     chart
-        .draw_series(LineSeries::new(points(&|b| b.requests - b.refused), green.stroke_width(1)))?
+        .draw_series(LineSeries::new(
+            points(&|b| b.requests - b.refused),
+            green.stroke_width(1),
+        ))?
         .label("admitted")
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], green));
     chart
@@ -168,7 +184,10 @@ fn draw(
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], red));
     let limit = rule.limit_per_second;
     chart
-        .draw_series(LineSeries::new([(0.0, limit), (x_end, limit)], BLACK.mix(0.5).stroke_width(1)))?
+        .draw_series(LineSeries::new(
+            [(0.0, limit), (x_end, limit)],
+            BLACK.mix(0.5).stroke_width(1),
+        ))?
         .label("limit per client")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));
     chart
@@ -193,7 +212,10 @@ pub fn report_html(outcomes: &[Outcome]) -> String {
     let mut html = String::from(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tollgate simulate</title>\n<style>\nbody{font-family:sans-serif;margin:24px;color:#222}\n.row{display:flex;flex-wrap:wrap;gap:12px}\n.plot{border:1px solid #ddd}\ntable{border-collapse:collapse}td,th{border:1px solid #ddd;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\n</style></head><body>\n<h1>tollgate simulate</h1>\n",
     );
-    let _ = writeln!(html, "<h2>Summary</h2>\n<table><tr><th>scenario / rule</th><th>limit</th><th>requests</th><th>admitted</th><th>refused</th><th>peak</th></tr>");
+    let _ = writeln!(
+        html,
+        "<h2>Summary</h2>\n<table><tr><th>scenario / rule</th><th>limit</th><th>requests</th><th>admitted</th><th>refused</th><th>peak</th></tr>"
+    );
     for o in outcomes {
         let _ = writeln!(
             html,
@@ -226,7 +248,11 @@ pub fn report_html(outcomes: &[Outcome]) -> String {
         }
     }
     for rule in rules {
-        let _ = writeln!(html, "<h2 class=\"rule\">{}</h2>\n<div class=\"row\">", escape(rule));
+        let _ = writeln!(
+            html,
+            "<h2 class=\"rule\">{}</h2>\n<div class=\"row\">",
+            escape(rule)
+        );
         for o in outcomes {
             if let Some(r) = o.rules.iter().find(|r| r.rule == rule) {
                 let title = format!("{} — {}", o.scenario, r.limit);

@@ -253,7 +253,11 @@ pub fn generate(g: &Generate) -> Vec<Event> {
             period_end = t + 1.0 + 9.0 * random.unit();
         }
         let rate = if g.burstiness > 0.0 {
-            if on { g.rate * (1.0 + g.burstiness) } else { 0.0 }
+            if on {
+                g.rate * (1.0 + g.burstiness)
+            } else {
+                0.0
+            }
         } else {
             g.rate
         };
@@ -271,7 +275,9 @@ pub fn generate(g: &Generate) -> Vec<Event> {
             break;
         }
         let pick = random.unit() * total;
-        let client = cumulative.partition_point(|c| *c < pick).min(names.len() - 1);
+        let client = cumulative
+            .partition_point(|c| *c < pick)
+            .min(names.len() - 1);
         events.push(Event {
             at: g.start * NANOS_PER_SEC + (t * NANOS_PER_SEC as f64) as Nanos,
             domain: g.domain.as_str().into(),
@@ -322,7 +328,10 @@ mod tests {
         let e = parse_line(r#"{"timestamp":1767225600.25,"domain":"api","descriptors":[]}"#)
             .expect("parses");
         assert_eq!(e.at, 1_767_225_600_250_000_000);
-        assert!(parse_line(r#"{"domain":"api"}"#).is_err(), "a timestamp is required");
+        assert!(
+            parse_line(r#"{"domain":"api"}"#).is_err(),
+            "a timestamp is required"
+        );
         assert!(parse_line(r#"{"timestamp":-5,"domain":"api"}"#).is_err());
         assert!(parse_line(r#"{"timestamp":"yesterday","domain":"api"}"#).is_err());
     }
@@ -334,10 +343,22 @@ mod tests {
             .expect("spec");
         let events = generate(&g);
         let n = events.len() as f64;
-        assert!((n - 20_000.0).abs() < 600.0, "{n} events for 200/s over 100 s");
-        assert!(events.windows(2).all(|w| w[0].at <= w[1].at), "in time order");
-        let first = events.iter().filter(|e| &*e.descriptors[0][0].1 == "c0").count() as f64;
-        let tenth = events.iter().filter(|e| &*e.descriptors[0][0].1 == "c9").count() as f64;
+        assert!(
+            (n - 20_000.0).abs() < 600.0,
+            "{n} events for 200/s over 100 s"
+        );
+        assert!(
+            events.windows(2).all(|w| w[0].at <= w[1].at),
+            "in time order"
+        );
+        let first = events
+            .iter()
+            .filter(|e| &*e.descriptors[0][0].1 == "c0")
+            .count() as f64;
+        let tenth = events
+            .iter()
+            .filter(|e| &*e.descriptors[0][0].1 == "c9")
+            .count() as f64;
         // Zipf 1.2: client 1 sends 10^1.2 = 15.8 times as often as client 10.
         assert!((first / tenth - 15.8).abs() < 4.0, "{first} / {tenth}");
         assert_eq!(generate(&g), events, "same seed, same traffic");
@@ -350,7 +371,10 @@ mod tests {
         };
         let busiest = (0..100).map(per_second).max().unwrap_or(0);
         let idle = (0..100).filter(|s| per_second(*s) == 0).count();
-        assert!(busiest > 600 && idle > 20, "bursts of ~800/s and idle seconds: {busiest}, {idle}");
+        assert!(
+            busiest > 600 && idle > 20,
+            "bursts of ~800/s and idle seconds: {busiest}, {idle}"
+        );
         assert!("rate=0".parse::<Generate>().is_err());
         assert!("colour=red".parse::<Generate>().is_err());
         let mut text = Vec::new();
