@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod algorithm;
 pub mod calendar;
+pub mod candidate;
 pub mod clock;
 pub mod limiter;
 pub mod metrics;

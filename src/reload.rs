@@ -78,6 +78,7 @@ impl Reloader {
             Ok(rules) => {
                 tracing::info!(
                     why,
+                    paths = ?self.paths,
                     rules = rules.rules().len(),
                     domains = rules.domain_count(),
                     "rules reloaded"
@@ -92,7 +93,7 @@ impl Reloader {
                     .config_load_error
                     .fetch_add(1, Ordering::Relaxed);
                 for e in &errors.0 {
-                    tracing::error!(why, error = %e, "rules not reloaded; the rules in force stay");
+                    tracing::error!(why, paths = ?self.paths, error = %e, "rules not reloaded; the rules in force stay");
                 }
                 Err(errors)
             }

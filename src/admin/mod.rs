@@ -16,6 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::candidate::Candidate;
 use crate::limiter::{LimitError, Limiter};
 use crate::rlqs::Quotas;
 use crate::store::Store;
@@ -68,23 +69,32 @@ impl Health {
 struct AdminState {
     limiter: Arc<Limiter>,
     quotas: Arc<Quotas>,
+    candidate: Option<Arc<Candidate>>,
     health: Arc<Health>,
 }
 
 /// The admin routes.
-pub fn router(limiter: Arc<Limiter>, quotas: Arc<Quotas>, health: Arc<Health>) -> Router {
+pub fn router(
+    limiter: Arc<Limiter>,
+    quotas: Arc<Quotas>,
+    candidate: Option<Arc<Candidate>>,
+    health: Arc<Health>,
+) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
         .route("/rlqs", get(rlqs))
+        .route("/candidate", get(candidate_json))
+        .route("/candidate/report.html", get(candidate_report))
         .layer(axum::extract::DefaultBodyLimit::max(
             limiter.options().bounds.request_bytes,
         ))
         .with_state(AdminState {
             limiter,
             quotas,
+            candidate,
             health,
         })
 }
@@ -107,7 +117,42 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .store(u64::from(open), Ordering::Relaxed);
     let mut text = s.limiter.metrics().render();
     s.quotas.render_metrics(&mut text);
+    if let Some(candidate) = &s.candidate {
+        candidate.render_metrics(&mut text);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// What the candidate rules (`--candidate-rules`) would have refused.
+async fn candidate_json(State(s): State<AdminState>) -> Response {
+    match &s.candidate {
+        Some(c) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            c.to_json().to_string(),
+        )
+            .into_response(),
+        None => no_candidate(),
+    }
+}
+
+/// The candidate rules' last hour, plotted.
+async fn candidate_report(State(s): State<AdminState>) -> Response {
+    match &s.candidate {
+        Some(c) => (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            c.report_html(),
+        )
+            .into_response(),
+        None => no_candidate(),
+    }
+}
+
+fn no_candidate() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "no candidate rules: start with --candidate-rules PATH\n",
+    )
+        .into_response()
 }
 
 /// The most buckets `/rlqs` lists unless `?limit=` says otherwise.
@@ -151,6 +196,9 @@ async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
     };
     match s.limiter.should_rate_limit(&domain_request).await {
         Ok(decision) => {
+            if let Some(candidate) = &s.candidate {
+                candidate.observe(&domain_request, decision.over_limit);
+            }
             let code = if decision.over_limit {
                 StatusCode::TOO_MANY_REQUESTS
             } else {

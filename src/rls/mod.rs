@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
+use crate::candidate::Candidate;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
 use crate::rules::Unit;
@@ -28,12 +29,14 @@ pub use server::UnaryBody;
 #[derive(Debug, Clone)]
 pub struct RlsService {
     limiter: Arc<Limiter>,
+    candidate: Option<Arc<Candidate>>,
 }
 
 impl RlsService {
-    /// Serves `limiter`.
-    pub fn new(limiter: Arc<Limiter>) -> Self {
-        Self { limiter }
+    /// Serves `limiter`; every request is also shown to the `candidate`
+    /// rules, if any (they never change the answer).
+    pub fn new(limiter: Arc<Limiter>, candidate: Option<Arc<Candidate>>) -> Self {
+        Self { limiter, candidate }
     }
 
     /// The HTTP/2 service for this, refusing requests above the limiter's
@@ -65,7 +68,12 @@ impl RlsService {
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
         match decided {
-            Ok(decision) => Ok(to_proto(decision)),
+            Ok(decision) => {
+                if let Some(candidate) = &self.candidate {
+                    candidate.observe(&domain_request, decision.over_limit);
+                }
+                Ok(to_proto(decision))
+            }
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
             // Chosen by the operator (the reference's behaviour): Envoy then

@@ -23,6 +23,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 
 use crate::admin::Health;
+use crate::candidate::Candidate;
 use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rlqs::{Quotas, RlqsService};
@@ -62,6 +63,8 @@ pub struct Serve {
     pub limiter: Arc<Limiter>,
     /// The quota service (RLQS) over the same rules and store.
     pub quotas: Arc<Quotas>,
+    /// Candidate rules evaluated beside the live ones, and their reloader.
+    pub candidate: Option<(Arc<Candidate>, Arc<Reloader>)>,
     /// gRPC listeners, one worker thread each (see [`bind_grpc`]).
     pub grpc: Vec<std::net::TcpListener>,
     /// Admin HTTP listeners.
@@ -86,6 +89,7 @@ pub fn run(
     let Serve {
         limiter,
         quotas,
+        candidate,
         grpc,
         admin,
         reloader,
@@ -104,7 +108,8 @@ pub fn run(
 
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
-        let service = RlsService::new(limiter.clone()).into_server();
+        let service = RlsService::new(limiter.clone(), candidate.as_ref().map(|(c, _)| c.clone()))
+            .into_server();
         let quota_service =
             RlqsService::new(quotas.clone()).into_server(limiter.options().bounds.request_bytes);
         let limits = limits.clone();
@@ -134,7 +139,12 @@ pub fn run(
         let mut tasks = Vec::new();
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let router = crate::admin::router(limiter.clone(), quotas.clone(), health.clone());
+            let router = crate::admin::router(
+                limiter.clone(),
+                quotas.clone(),
+                candidate.as_ref().map(|(c, _)| c.clone()),
+                health.clone(),
+            );
             tasks.push(tokio::spawn(admin::serve(
                 listener,
                 router,
@@ -147,8 +157,12 @@ pub fn run(
         // follows the active keys. The sweep walks every shard: it runs on a
         // blocking thread, away from the runtime that answers health checks.
         let sweeper = limiter.clone();
+        let candidate_sweeper = candidate.as_ref().map(|(c, _)| c.limiter().clone());
         tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
             sweeper.sweep(sweeper.clock().now());
+            if let Some(c) = &candidate_sweeper {
+                c.sweep(c.clock().now());
+            }
         })));
         // Quota streams: reloaded rules, the store's totals, and pushes of
         // assignments that changed.
@@ -181,10 +195,15 @@ pub fn run(
             }
         }));
         if let Some((reloader, interval)) = reloader {
+            let candidate_reloader = candidate.as_ref().map(|(_, r)| r.clone());
             if let Some(interval) = interval {
                 let watcher = reloader.clone();
+                let candidate_watcher = candidate_reloader.clone();
                 tasks.push(tokio::spawn(every(interval, move || {
                     watcher.poll();
+                    if let Some(c) = &candidate_watcher {
+                        c.poll();
+                    }
                 })));
             }
             #[cfg(unix)]
@@ -192,7 +211,14 @@ pub fn run(
                 Ok(mut hangups) => tasks.push(tokio::spawn(async move {
                     while hangups.recv().await.is_some() {
                         let reloader = reloader.clone();
-                        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
+                        let candidate = candidate_reloader.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            let _ = reloader.reload("SIGHUP");
+                            if let Some(c) = candidate {
+                                let _ = c.reload("SIGHUP");
+                            }
+                        })
+                        .await;
                     }
                 })),
                 Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),

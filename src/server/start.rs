@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::candidate::Candidate;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::reload::Reloader;
@@ -102,9 +103,28 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             instance: instance_name(),
         },
     ));
+    let candidate = if args.candidate_rules.is_empty() {
+        None
+    } else {
+        let rules = load_paths(&args.candidate_rules, &args.load_options()).map_err(|errors| {
+            format!(
+                "candidate rules not loaded ({} error(s)); not starting\n{errors}",
+                errors.0.len()
+            )
+        })?;
+        tracing::info!(rules = rules.rules().len(), paths = ?args.candidate_rules, "candidate rules loaded");
+        let candidate = Arc::new(Candidate::new(rules, Arc::new(SystemClock), options));
+        let reloader = Arc::new(Reloader::new(
+            args.candidate_rules.clone(),
+            args.load_options(),
+            candidate.limiter().clone(),
+        ));
+        Some((candidate, reloader))
+    };
     let serve = super::Serve {
         limiter,
         quotas,
+        candidate,
         grpc: listeners,
         admin,
         reloader: Some((reloader, watch)),

@@ -296,6 +296,17 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
     pub time_zone: &'static Zone,
 
+    /// Candidate rules (file or directory; repeatable): evaluated beside the
+    /// live rules for every request on their own memory store, never
+    /// changing the answer; see /candidate and the tollgate_candidate_*
+    /// metrics. Reloaded like the live rules.
+    #[arg(
+        long = "candidate-rules",
+        env = "TOLLGATE_CANDIDATE_RULES",
+        value_delimiter = ','
+    )]
+    pub candidate_rules: Vec<PathBuf>,
+
     /// Quota service (RLQS): how long Envoy keeps an assignment without
     /// hearing from Tollgate before its `expired_assignment_behavior`
     /// applies; whole seconds, longer than Envoy's report interval (5 s).
