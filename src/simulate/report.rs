@@ -147,7 +147,7 @@ fn draw(
         .margin(8)
         .x_label_area_size(30)
         .y_label_area_size(50)
-        .build_cartesian_2d(0.0..x_end, 0.0..y_top.max(1.0))?;
+        .build_cartesian_2d(0.0..x_end, 0.0..y_top.max(1e-3))?;
     chart
         .configure_mesh()
         .x_desc("seconds")
@@ -225,10 +225,16 @@ pub fn report_html(outcomes: &[Outcome]) -> String {
             o.refused
         );
         for r in &o.rules {
+            let name = r
+                .name
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
             let _ = writeln!(
                 html,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
+                "<tr><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
                 escape(&r.rule),
+                escape(&name),
                 escape(&r.limit),
                 r.requests,
                 r.admitted,
@@ -284,5 +290,30 @@ pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
     write("series.csv", series_csv(outcomes))?;
     write("series.json", series_json(outcomes).to_string())?;
     write("report.html", report_html(outcomes))?;
+    // Each plot on its own too, for documents: plots/<scenario>--<rule>.svg.
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots).map_err(|e| format!("{}: {e}", plots.display()))?;
+    for o in outcomes {
+        for r in &o.rules {
+            let name = format!("{}--{}.svg", slug(&o.scenario), slug(&r.rule));
+            let title = format!("{} — {}", o.scenario, r.limit);
+            let path = plots.join(name);
+            std::fs::write(&path, plot(&title, r, o.bin_seconds))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
     Ok(())
+}
+
+/// A file name part: letters, digits, `-` and `_`; anything else `_`.
+pub fn slug(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
