@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::traffic::{Entries, Event, parse_time};
+use super::traffic::{Entries, Event, Strings, parse_time};
 
 /// Envoy's default access log format.
 pub const DEFAULT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\"\n";
@@ -484,8 +484,9 @@ fn descriptor(
     logged: &Logged,
     recorded: &[Field],
     cluster: Option<&str>,
+    strings: &mut Strings,
 ) -> Result<Option<Entries>, String> {
-    let mut entries = Vec::new();
+    let mut entries = Entries::new();
     for action in rate_limit["actions"].as_array().into_iter().flatten() {
         let Some((kind, a)) = action.as_object().and_then(|o| o.iter().next()) else {
             continue;
@@ -568,7 +569,7 @@ fn descriptor(
             other => return Err(format!("action '{other}' is not supported by the importer")),
         };
         if let Some((k, v)) = entry {
-            entries.push((k.into_boxed_str(), v.into_boxed_str()));
+            entries.push((strings.get(&k), strings.get(&v)));
         }
     }
     Ok((!entries.is_empty()).then_some(entries))
@@ -582,6 +583,8 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
     let template = template(&config.text_format);
     let recorded = config.recorded();
     let mut events = Vec::new();
+    let mut strings = Strings::default();
+    let domain = strings.get(&config.domain);
     let mut problems: BTreeMap<String, u64> = BTreeMap::new();
     let (mut unreadable, mut no_call) = (0u64, 0u64);
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -630,12 +633,12 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
                 }
             },
         };
-        let mut descriptors = Vec::new();
+        let mut descriptors = super::traffic::Descriptors::new();
         for policy in policies {
             if policy["stage"].as_u64().unwrap_or(0) != config.stage {
                 continue;
             }
-            match descriptor(config, policy, &logged, &recorded, cluster) {
+            match descriptor(config, policy, &logged, &recorded, cluster, &mut strings) {
                 Ok(Some(d)) => descriptors.push(d),
                 Ok(None) => {}
                 Err(e) => *problems.entry(e).or_default() += 1,
@@ -648,7 +651,7 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
         }
         events.push(Event {
             at,
-            domain: config.domain.as_str().into(),
+            domain: domain.clone(),
             descriptors,
             hits: 0,
         });

@@ -225,7 +225,7 @@ pub fn replay(
 }
 
 /// `key=value,key=value` of a descriptor.
-fn entries_text(entries: &[(Box<str>, Box<str>)]) -> String {
+fn entries_text(entries: &[(Arc<str>, Arc<str>)]) -> String {
     let parts: SmallVec<[String; 4]> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
     parts.join(",")
 }

@@ -8,13 +8,37 @@
 
 use std::io::BufRead;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// A descriptor's `(key, value)` entries.
-pub type Entries = Vec<(Box<str>, Box<str>)>;
+/// Inline (no allocation of its own) for up to two entries.
+pub type Entries = smallvec::SmallVec<[(Arc<str>, Arc<str>); 2]>;
+
+/// A request's descriptors; inline for one, so an event is one block of
+/// memory and a replay walks the events in order.
+pub type Descriptors = smallvec::SmallVec<[Entries; 1]>;
+
+/// One shared copy of each string: traffic repeats its domains, keys and
+/// values, and a replay that reads them from a few places runs faster than
+/// one chasing a fresh allocation per request.
+#[derive(Debug, Default)]
+pub struct Strings(std::collections::HashMap<Box<str>, Arc<str>>);
+
+impl Strings {
+    /// The shared copy of `text`.
+    pub fn get(&mut self, text: &str) -> Arc<str> {
+        if let Some(shared) = self.0.get(text) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = text.into();
+        self.0.insert(text.into(), shared.clone());
+        shared
+    }
+}
 
 /// One request at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,9 +46,9 @@ pub struct Event {
     /// When, in nanoseconds since the Unix epoch.
     pub at: Nanos,
     /// The rule domain.
-    pub domain: Box<str>,
+    pub domain: Arc<str>,
     /// Descriptors, each a list of `(key, value)` entries.
-    pub descriptors: Vec<Entries>,
+    pub descriptors: Descriptors,
     /// Hits (0 means 1, as in the protocol).
     pub hits: u32,
 }
@@ -86,6 +110,11 @@ fn seconds_to_nanos(seconds: f64) -> Result<Nanos, String> {
 
 /// One JSON line as an event.
 pub fn parse_line(line: &str) -> Result<Event, String> {
+    parse_line_sharing(line, &mut Strings::default())
+}
+
+/// One JSON line as an event, its strings shared through `strings`.
+pub fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Event, String> {
     let parsed: Line = serde_json::from_str(line).map_err(|e| e.to_string())?;
     let at = match parsed.timestamp {
         Timestamp::Seconds(s) => seconds_to_nanos(s)?,
@@ -93,14 +122,14 @@ pub fn parse_line(line: &str) -> Result<Event, String> {
     };
     Ok(Event {
         at,
-        domain: parsed.domain.into(),
+        domain: strings.get(&parsed.domain),
         descriptors: parsed
             .descriptors
             .into_iter()
             .map(|d| {
                 d.entries
                     .into_iter()
-                    .map(|e| (Box::from(&*e.key), Box::from(&*e.value)))
+                    .map(|e| (strings.get(&e.key), strings.get(&e.value)))
                     .collect()
             })
             .collect(),
@@ -112,12 +141,16 @@ pub fn parse_line(line: &str) -> Result<Event, String> {
 pub fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut events = Vec::new();
+    let mut strings = Strings::default();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
-        events.push(parse_line(&line).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?);
+        events.push(
+            parse_line_sharing(&line, &mut strings)
+                .map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?,
+        );
     }
     Ok(events)
 }
@@ -239,7 +272,8 @@ pub fn generate(g: &Generate) -> Vec<Event> {
         total += 1.0 / f64::from(i).powf(g.zipf);
         cumulative.push(total);
     }
-    let names: Vec<Box<str>> = (0..g.clients).map(|i| format!("c{i}").into()).collect();
+    let names: Vec<Arc<str>> = (0..g.clients).map(|i| format!("c{i}").into()).collect();
+    let (domain, key): (Arc<str>, Arc<str>) = (g.domain.as_str().into(), g.key.as_str().into());
     let mut events = Vec::with_capacity((g.rate * g.seconds * 1.05) as usize);
     let mut t = 0.0;
     // On/off periods of 1 to 10 s: on at (1 + b) x rate, off long enough
@@ -280,8 +314,11 @@ pub fn generate(g: &Generate) -> Vec<Event> {
             .min(names.len() - 1);
         events.push(Event {
             at: g.start * NANOS_PER_SEC + (t * NANOS_PER_SEC as f64) as Nanos,
-            domain: g.domain.as_str().into(),
-            descriptors: vec![vec![(g.key.as_str().into(), names[client].clone())]],
+            domain: domain.clone(),
+            descriptors: smallvec::smallvec![smallvec::smallvec![(
+                key.clone(),
+                names[client].clone()
+            )]],
             hits: 0,
         });
     }
