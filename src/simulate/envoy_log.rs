@@ -704,6 +704,147 @@ mod tests {
         assert!(read_text(&t, "not a log line").is_none());
     }
 
+    /// `config` in a file, and `log` through it.
+    fn import_text(config: &str, log: &str) -> (Vec<Event>, Vec<String>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (c, l) = (dir.path().join("envoy.yaml"), dir.path().join("access.log"));
+        std::fs::write(&c, config).expect("write");
+        std::fs::write(&l, log).expect("write");
+        let config = EnvoyConfig::load(&c).expect("loads");
+        import(&config, &l).expect("imports")
+    }
+
+    fn descriptors(e: &Event) -> Vec<Vec<(String, String)>> {
+        e.descriptors
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    const JSON_CONFIG: &str = r#"
+static_resources:
+  listeners:
+    - filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                access_log:
+                  - name: envoy.access_loggers.file
+                    typed_config:
+                      log_format:
+                        json_format:
+                          time: "%START_TIME%"
+                          client: "%DOWNSTREAM_REMOTE_ADDRESS%"
+                          path: "%REQ(:PATH)%"
+                          key: "%REQ(X-API-KEY)%"
+                          host: "%REQ(:AUTHORITY)%"
+                route_config:
+                  virtual_hosts:
+                    - name: admin
+                      domains: ["admin.example.com"]
+                      rate_limits:
+                        - actions: [{ generic_key: { descriptor_value: admin } }]
+                      routes:
+                        - match: { prefix: / }
+                          route: { cluster: admin }
+                    - name: api
+                      domains: ["*"]
+                      routes:
+                        - match: { safe_regex: { regex: "/v[0-9]+/.*" } }
+                          route:
+                            cluster: api_v
+                            rate_limits:
+                              - actions:
+                                  - request_headers: { header_name: x-api-key, descriptor_key: api_key }
+                              - actions:
+                                  - masked_remote_address: { v4_prefix_mask_len: 24 }
+                              - actions:
+                                  - destination_cluster: {}
+                              - actions:
+                                  - query_parameter_value_match: { descriptor_value: q, query_parameters: [] }
+                              - stage: 1
+                                actions: [{ generic_key: { descriptor_value: later } }]
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: api
+"#;
+
+    #[test]
+    fn json_logs_are_read_through_the_configured_format() {
+        let log = r#"{"time":"2026-01-01T00:00:00Z","client":"10.1.2.3:5555","path":"/v1/items?x=1","key":"k1","host":"api.example.com"}
+{"time":"2026-01-01T00:00:01Z","client":"10.1.2.4:5555","path":"/v2/items","key":"-","host":"api.example.com"}
+{"time":"2026-01-01T00:00:02Z","client":"10.1.2.5:5555","path":"/other","key":"k2","host":"api.example.com"}
+{"time":"2026-01-01T00:00:03Z","client":"10.9.9.9:1","path":"/","key":"k3","host":"admin.example.com"}
+not json at all
+"#;
+        let (events, notes) = import_text(JSON_CONFIG, log);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(&*events[0].domain, "api");
+        assert_eq!(events[0].at, 1_767_225_600 * 1_000_000_000);
+        let pair = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        assert_eq!(
+            descriptors(&events[0]),
+            vec![
+                pair("api_key", "k1"),
+                pair("masked_remote_address", "10.1.2.0/24"),
+                pair("destination_cluster", "api_v")
+            ]
+        );
+        // No x-api-key on this request: Envoy sends no api_key descriptor.
+        assert_eq!(
+            descriptors(&events[1]),
+            vec![
+                pair("masked_remote_address", "10.1.2.0/24"),
+                pair("destination_cluster", "api_v")
+            ]
+        );
+        // The virtual host's rate_limits apply to a route without its own.
+        assert_eq!(descriptors(&events[2]), vec![pair("generic_key", "admin")]);
+        let notes = notes.join("\n");
+        assert!(
+            notes.contains("action 'query_parameter_value_match' is not supported"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("1 lines do not follow the access log format"),
+            "{notes}"
+        );
+        assert!(notes.contains("1 requests had no descriptors"), "{notes}");
+    }
+
+    #[test]
+    fn filter_level_rate_limits_replace_the_routes() {
+        let config = JSON_CONFIG.replace(
+            "                      domain: api\n",
+            "                      domain: api\n                      rate_limits:\n                        - actions: [{ remote_address: {} }]\n",
+        );
+        let log = r#"{"time":"2026-01-01T00:00:00Z","client":"10.1.2.3:5555","path":"/v1/items","key":"k1","host":"api.example.com"}
+"#;
+        let (events, _) = import_text(&config, log);
+        assert_eq!(
+            descriptors(&events[0]),
+            vec![vec![("remote_address".to_owned(), "10.1.2.3".to_owned())]]
+        );
+    }
+
+    #[test]
+    fn a_configuration_without_the_filter_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("envoy.yaml");
+        std::fs::write(&c, "static_resources: {}\n").expect("write");
+        let e = EnvoyConfig::load(&c).expect_err("no filter");
+        assert!(
+            e.contains("envoy.yaml") && e.contains("envoy.filters.http.ratelimit"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn addresses_mask_and_domains_match() {
         assert_eq!(masked("10.1.2.3", 24, 128).as_deref(), Some("10.1.2.0/24"));
