@@ -849,36 +849,36 @@ impl Quotas {
             "Quota buckets tracked.",
             state.buckets.len() as f64,
         );
-        counter(
-            out,
-            "tollgate_rlqs_streams_opened_total",
-            "Quota streams opened.",
-            m.streams_opened.load(Ordering::Relaxed),
-        );
-        counter(
-            out,
-            "tollgate_rlqs_reports_total",
-            "Usage report messages received.",
-            m.reports.load(Ordering::Relaxed),
-        );
-        counter(
-            out,
-            "tollgate_rlqs_bucket_reports_total",
-            "Bucket usages received.",
-            m.bucket_reports.load(Ordering::Relaxed),
-        );
-        counter(
-            out,
-            "tollgate_rlqs_buckets_refused_total",
-            "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets.",
-            m.buckets_refused.load(Ordering::Relaxed),
-        );
-        counter(
-            out,
-            "tollgate_rlqs_store_errors_total",
-            "Failed exchanges with the store.",
-            m.store_errors.load(Ordering::Relaxed),
-        );
+        let counters = [
+            (
+                "tollgate_rlqs_streams_opened_total",
+                "Quota streams opened.",
+                &m.streams_opened,
+            ),
+            (
+                "tollgate_rlqs_reports_total",
+                "Usage report messages received.",
+                &m.reports,
+            ),
+            (
+                "tollgate_rlqs_bucket_reports_total",
+                "Bucket usages received.",
+                &m.bucket_reports,
+            ),
+            (
+                "tollgate_rlqs_buckets_refused_total",
+                "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets.",
+                &m.buckets_refused,
+            ),
+            (
+                "tollgate_rlqs_store_errors_total",
+                "Failed exchanges with the store.",
+                &m.store_errors,
+            ),
+        ];
+        for (name, help, value) in counters {
+            counter(out, name, help, value.load(Ordering::Relaxed));
+        }
         let _ = writeln!(
             out,
             "# HELP tollgate_rlqs_assignments_total Assignments sent, by action.\n# TYPE tollgate_rlqs_assignments_total counter"

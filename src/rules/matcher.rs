@@ -25,6 +25,22 @@ pub(crate) struct KeyRules {
     pub(crate) default: Option<Node>,
 }
 
+impl KeyRules {
+    /// The node for `value`: the exact value, else the first wildcard that
+    /// matches (in file order), else the key-only default.
+    fn node_for(&self, value: &str) -> Option<&Node> {
+        self.exact
+            .get(value)
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|(glob, _)| glob.matches(value))
+                    .map(|(_, node)| node)
+            })
+            .or(self.default.as_ref())
+    }
+}
+
 /// One descriptor of a rule file.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Node {
@@ -54,18 +70,7 @@ impl RuleSet {
         let mut level = self.domains.get(domain)?;
         let mut shared = SmallVec::new();
         for (i, (key, value)) in entries.iter().enumerate() {
-            let rules = level.keys.get(*key)?;
-            let node = rules
-                .exact
-                .get(*value)
-                .or_else(|| {
-                    rules
-                        .wildcards
-                        .iter()
-                        .find(|(glob, _)| glob.matches(value))
-                        .map(|(_, node)| node)
-                })
-                .or(rules.default.as_ref())?;
+            let node = level.keys.get(*key)?.node_for(value)?;
             if let Some(pattern) = &node.shared_pattern {
                 shared.push((i, &**pattern));
             }
@@ -145,21 +150,7 @@ impl<'a, 'b> BucketWalk<'a, 'b, '_> {
                 continue;
             }
             let (key, value) = self.entries[i];
-            let Some(rules) = level.keys.get(key) else {
-                continue;
-            };
-            let Some(node) = rules
-                .exact
-                .get(value)
-                .or_else(|| {
-                    rules
-                        .wildcards
-                        .iter()
-                        .find(|(glob, _)| glob.matches(value))
-                        .map(|(_, node)| node)
-                })
-                .or(rules.default.as_ref())
-            else {
+            let Some(node) = level.keys.get(key).and_then(|rules| rules.node_for(value)) else {
                 continue;
             };
             self.steps += 1;

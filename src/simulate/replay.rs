@@ -52,6 +52,16 @@ pub struct RuleResult {
     pub series: Vec<Bin>,
 }
 
+impl RuleResult {
+    /// The rule with its name, as summaries show it: `api.user (per-user)`.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{} ({name})", self.rule),
+            None => self.rule.clone(),
+        }
+    }
+}
+
 /// The outcome of replaying the traffic under one rule set and algorithm.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Outcome {

@@ -29,15 +29,10 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
             share(o.refused, o.requests)
         );
         for r in &o.rules {
-            let name = r
-                .name
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {}{name}  {}: {} requests, {} admitted, {} refused ({:.1} %), peak {:.0} % of the limit",
-                r.rule,
+                "  {}  {}: {} requests, {} admitted, {} refused ({:.1} %), peak {:.0} % of the limit",
+                r.label(),
                 r.limit,
                 r.requests,
                 r.admitted,
@@ -225,16 +220,10 @@ pub fn report_html(outcomes: &[Outcome]) -> String {
             o.refused
         );
         for r in &o.rules {
-            let name = r
-                .name
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default();
             let _ = writeln!(
                 html,
-                "<tr><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
-                escape(&r.rule),
-                escape(&name),
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
+                escape(&r.label()),
                 escape(&r.limit),
                 r.requests,
                 r.admitted,
