@@ -5,7 +5,8 @@
 #   - ceiling: target/release/tollgate-ceiling, Tollgate's HTTP/2 stack
 #     answering OK without deciding anything;
 #   - Tollgate on the memory store;
-#   - Tollgate on Redis (standalone, on core 0 too).
+#   - Tollgate on Redis (standalone, on core 0 too), exact (every decision
+#     in Redis) and, for the hot key, leased (bench/rules-grpc-leased.yaml).
 # Each runs one hot key (h2load, one body) and 100,000 distinct keys
 # (tollgate-load), then the ratios are printed. Last, the scaling from 1 to
 # 2 workers, unpinned (load generator included), for memory and Redis.
@@ -49,10 +50,12 @@ distinct() {
 # start PIN WORKERS PORT ARGS...: a server in the background.
 start() {
     local pin=$1 workers=$2 port=$3; shift 3
+    local rules=bench/rules-grpc.yaml
+    if [ "${1:-}" = leased ]; then rules=bench/rules-grpc-leased.yaml; shift; fi
     if [ "${1:-}" = ceiling ]; then
         taskset -c "$pin" target/release/tollgate-ceiling --addr "127.0.0.1:$port" --workers "$workers" >/dev/null &
     else
-        taskset -c "$pin" target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr "127.0.0.1:$port" \
+        taskset -c "$pin" target/release/tollgate serve --rules "$rules" --grpc-addr "127.0.0.1:$port" \
             --workers "$workers" --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 "$@" >/dev/null &
     fi
     pids+=($!)
@@ -83,6 +86,14 @@ echo "  memory / ceiling   hot key   $(ratio "${rate[memory.hot]}" "${rate[ceili
 echo "  memory / ceiling   100k keys $(ratio "${rate[memory.distinct]}" "${rate[ceiling.distinct]}")   (>= 0.9)"
 echo "  redis  / memory    hot key   $(ratio "${rate[redis.hot]}" "${rate[memory.hot]}")   (>= 0.75)"
 echo "  redis  / memory    100k keys $(ratio "${rate[redis.distinct]}" "${rate[memory.distinct]}")   (>= 0.6)"
+# The hot key again with the limit leased (the opt-in for hot keys).
+port=$((port + 1))
+redis-cli -p $rport FLUSHALL >/dev/null
+start 0 1 $port leased "${redis_args[@]}"
+rate[leased.hot]=$(hot 1 $port); p99[leased.hot]=$(hot_p99)
+stop
+printf 'redis, leased (lease 1,000) hot key %8.0f/s (p99 %5s us)\n' "${rate[leased.hot]}" "${p99[leased.hot]}"
+echo "  leased / memory    hot key   $(ratio "${rate[leased.hot]}" "${rate[memory.hot]}")   (>= 0.75 with the opt-in lease)"
 
 echo "scaling, unpinned, 100k keys (tollgate-load on the same 2 cores):"
 for server in memory redis; do
