@@ -26,7 +26,8 @@ mod quotas;
 pub mod share;
 
 pub use quotas::{
-    COUNTED_PERIOD_SECONDS, DEMAND_STALE, Outgoing, QuotaMetrics, QuotaOptions, Quotas, Unmatched,
+    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENTS_PER_BUCKET, Outgoing, QuotaMetrics,
+    QuotaOptions, Quotas, Unmatched,
 };
 
 /// The full gRPC path of StreamRateLimitQuotas.

@@ -43,6 +43,10 @@ pub const DEMAND_STALE: Nanos = 15 * NANOS_PER_SEC;
 /// count a one-second window.
 pub const COUNTED_PERIOD_SECONDS: u64 = 60;
 
+/// The most clients whose demand one bucket tracks (live streams, and named
+/// clients for 15 s after their stream ended).
+pub const MAX_CLIENTS_PER_BUCKET: usize = 4096;
+
 /// Pushes waiting for a slow stream; past it, pushes are skipped (the next
 /// report's answer carries the latest assignments anyway).
 const PUSH_QUEUE: usize = 16;
@@ -546,13 +550,19 @@ impl Quotas {
             // Envoy's first report for a new bucket covers no time (it is
             // sent when the bucket's first request arrives): no rate yet.
             let rate = (elapsed >= 1.0).then(|| requests as f64 / elapsed);
-            let demand = bucket.clients.entry(client.clone()).or_insert(Demand {
-                rate: None,
-                at: now,
-            });
-            demand.at = now;
-            if rate.is_some() {
-                demand.rate = rate;
+            // Past the bound, a new client is not tracked: it is weighed as
+            // the average client (names cycled by one client cannot grow a
+            // bucket without limit).
+            let room = bucket.clients.len() < MAX_CLIENTS_PER_BUCKET;
+            if room || bucket.clients.contains_key(&client) {
+                let demand = bucket.clients.entry(client.clone()).or_insert(Demand {
+                    rate: None,
+                    at: now,
+                });
+                demand.at = now;
+                if rate.is_some() {
+                    demand.rate = rate;
+                }
             }
             bucket.count(usage.num_requests_allowed, now, shared_store);
             if let Some(rule) = bucket.resolved.rule() {

@@ -398,3 +398,29 @@ fn hostile_reports_are_bounded() {
         .expect_err("an error");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 }
+
+#[test]
+fn a_bucket_tracks_a_bounded_number_of_clients() {
+    let (q, _, _) = quotas(QuotaOptions {
+        max_streams: MAX_CLIENTS_PER_BUCKET + 10,
+        ..QuotaOptions::default()
+    });
+    let key = [("api_key", "k1")];
+    // One client cycling names: each stream reports, then goes.
+    for i in 0..MAX_CLIENTS_PER_BUCKET + 5 {
+        let (id, _rx) = q.open(Some(&format!("name-{i}"))).expect("opens");
+        let r = q
+            .report(id, &report(vec![usage(&key, 1, 0, 5)]))
+            .expect("answers");
+        assert_eq!(actions(&r).len(), 1, "every report is answered");
+        q.close(id);
+    }
+    let json = q.to_json(1);
+    assert_eq!(
+        json["buckets"][0]["clients"]
+            .as_array()
+            .expect("clients")
+            .len(),
+        MAX_CLIENTS_PER_BUCKET
+    );
+}
