@@ -96,12 +96,7 @@ impl Candidate {
             _ => counts.same += 1,
         }
         for status in &decision.statuses {
-            let limits = status
-                .limit
-                .iter()
-                .map(|l| (l, status.over_limit))
-                .chain(status.others.iter().map(|o| (&o.limit, o.over_limit)));
-            for (applied, over) in limits {
+            for (applied, over, _, _) in status.limits() {
                 let full = counts.rules.len() >= MAX_RULES;
                 let rule = match counts.rules.get_mut(&applied.policy) {
                     Some(rule) => rule,

@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use super::{LimitStatus, Status};
+use super::Status;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.
@@ -48,17 +48,7 @@ pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static 
     let mut retry: Option<Nanos> = None;
     let mut never = false;
     // Every enforced limit: each descriptor's deciding one and its others.
-    let limits = statuses.iter().flat_map(|s| {
-        let decided = s
-            .limit
-            .as_ref()
-            .map(|limit| (limit, s.over_limit, s.remaining, s.reset));
-        let others = s
-            .others
-            .iter()
-            .map(|o: &LimitStatus| (&o.limit, o.over_limit, o.remaining, o.reset));
-        decided.into_iter().chain(others)
-    });
+    let limits = statuses.iter().flat_map(Status::limits);
     for (limit, over_limit, remaining, reset) in limits {
         if limit.shadow {
             continue;

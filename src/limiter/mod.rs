@@ -72,6 +72,22 @@ pub struct Status {
     pub others: Vec<LimitStatus>,
 }
 
+impl Status {
+    /// Every limit of the descriptor, the deciding one first, as
+    /// `(limit, over_limit, remaining, reset)`.
+    pub fn limits(&self) -> impl Iterator<Item = (&AppliedLimit, bool, u32, Nanos)> {
+        let decided = self
+            .limit
+            .as_ref()
+            .map(|limit| (limit, self.over_limit, self.remaining, self.reset));
+        let others = self
+            .others
+            .iter()
+            .map(|o| (&o.limit, o.over_limit, o.remaining, o.reset));
+        decided.into_iter().chain(others)
+    }
+}
+
 /// One of a descriptor's several limits, as [`Status`] reports the deciding one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitStatus {

@@ -30,9 +30,9 @@ pub use quotas::{
     QuotaOptions, Quotas, Unmatched,
 };
 
-/// The full gRPC path of StreamRateLimitQuotas.
-pub const STREAM_RATE_LIMIT_QUOTAS: &str =
-    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+/// The start of every gRPC path of the quota service (the server dispatches
+/// on it, and holds its streams' connections busy while they last).
+pub const SERVICE_PATH: &str = "/envoy.service.rate_limit_quota.v3.";
 
 /// The request header (gRPC metadata) a client may name itself with, so its
 /// share survives a reconnect: in Envoy, `initial_metadata` of the RLQS

@@ -129,20 +129,10 @@ impl Resolved {
         match (self, other) {
             (Resolved::Unmatched, Resolved::Unmatched) => true,
             (Resolved::Unlimited(a), Resolved::Unlimited(b)) => a.path == b.path,
-            (
-                Resolved::Limited {
-                    rule: a,
-                    limit: la,
-                    period_seconds: pa,
-                    ..
-                },
-                Resolved::Limited {
-                    rule: b,
-                    limit: lb,
-                    period_seconds: pb,
-                    ..
-                },
-            ) => a.path == b.path && la == lb && pa == pb && a.limit == b.limit,
+            // The limit and period are the rule's.
+            (Resolved::Limited { rule: a, .. }, Resolved::Limited { rule: b, .. }) => {
+                a.path == b.path && a.limit == b.limit
+            }
             _ => false,
         }
     }
@@ -407,11 +397,6 @@ impl Quotas {
         }
     }
 
-    /// The settings.
-    pub fn options(&self) -> &QuotaOptions {
-        &self.options
-    }
-
     fn now(&self) -> Nanos {
         self.limiter.clock().now()
     }
@@ -573,15 +558,13 @@ impl Quotas {
                 counters.allowed = counters.allowed.saturating_add(usage.num_requests_allowed);
                 counters.denied = counters.denied.saturating_add(usage.num_requests_denied);
             }
+            // Every report is answered (which renews the TTL), with what the
+            // stream holds unless the assignment moved.
             let fresh = bucket.assignment(&client, now, &self.options);
-            let keep = bucket
-                .sent
-                .get(&id)
-                .filter(|sent| !share::changed(sent, &fresh));
-            let assignment = match keep {
-                Some(sent) => *sent,
-                None => share::distinct_for_envoy(bucket.sent.get(&id), fresh),
-            };
+            let sent = bucket.sent.get(&id).copied();
+            let assignment = share::to_send(sent.as_ref(), fresh)
+                .or(sent)
+                .unwrap_or(fresh);
             bucket.sent.insert(id, assignment);
             stream.buckets.insert(name);
             actions.push(self.action(&bucket.id, &assignment));
@@ -774,9 +757,7 @@ impl Quotas {
                         let g = &mut bucket.global;
                         g.others = (totals.weight - pending.weight).max(0.0);
                         g.pending = g.pending.saturating_sub(pending.admitted);
-                        if g.window != pending.window.index {
-                            g.window = pending.window.index;
-                        }
+                        g.window = pending.window.index;
                         // What this instance admitted since is added back.
                         g.used = totals.used.saturating_add(g.pending);
                         g.synced = Some(now);
@@ -806,11 +787,9 @@ impl Quotas {
                     continue;
                 };
                 let fresh = bucket.assignment(&stream.client, now, &self.options);
-                let sent = bucket.sent.get(&id);
-                if sent.is_some_and(|s| !share::changed(s, &fresh)) {
+                let Some(assignment) = share::to_send(bucket.sent.get(&id), fresh) else {
                     continue;
-                }
-                let assignment = share::distinct_for_envoy(sent, fresh);
+                };
                 bucket.sent.insert(id, assignment);
                 pushes
                     .entry(id)

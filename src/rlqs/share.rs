@@ -103,10 +103,20 @@ pub fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assign
     }
 }
 
+/// What to tell a stream that holds `sent` (none yet: `None`) when its
+/// assignment is now `fresh`: `None` when it should keep what it has (see
+/// [`changed`]), else the assignment to send (see [`distinct_for_envoy`]).
+pub fn to_send(sent: Option<&Assignment>, fresh: Assignment) -> Option<Assignment> {
+    if sent.is_some_and(|s| !changed(s, &fresh)) {
+        return None;
+    }
+    Some(distinct_for_envoy(sent, fresh))
+}
+
 /// Whether Envoy, holding `sent`, should be told `new` instead: a different
 /// kind of assignment, or a share that moved by more than
 /// [`SHARE_TOLERANCE`].
-pub fn changed(sent: &Assignment, new: &Assignment) -> bool {
+fn changed(sent: &Assignment, new: &Assignment) -> bool {
     match (sent, new) {
         (
             Assignment::TokenBucket { share: old, .. },
@@ -121,7 +131,7 @@ pub fn changed(sent: &Assignment, new: &Assignment) -> bool {
 /// interval only, so a bucket that differs from the one it holds in whole
 /// seconds alone would be kept at the old rate: one more token of burst
 /// makes it new.
-pub fn distinct_for_envoy(sent: Option<&Assignment>, new: Assignment) -> Assignment {
+fn distinct_for_envoy(sent: Option<&Assignment>, new: Assignment) -> Assignment {
     match (sent, new) {
         (
             Some(Assignment::TokenBucket {
@@ -259,6 +269,12 @@ mod tests {
         assert!(changed(&a, &Assignment::DenyAll));
         assert!(!changed(&Assignment::DenyAll, &Assignment::DenyAll));
         assert!(changed(&Assignment::AllowAll, &Assignment::DenyAll));
+        assert_eq!(to_send(None, a), Some(a), "a stream without one gets one");
+        assert_eq!(to_send(Some(&a), token_bucket(10.9, 100, 1)), None);
+        assert_eq!(
+            to_send(Some(&a), Assignment::DenyAll),
+            Some(Assignment::DenyAll)
+        );
     }
 
     #[test]

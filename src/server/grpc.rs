@@ -56,7 +56,7 @@ where
         let path = request.uri().path();
         if path.starts_with("/grpc.health.v1.Health/") {
             Either::Right(self.health.call(request))
-        } else if path.starts_with("/envoy.service.rate_limit_quota.v3.") {
+        } else if path.starts_with(crate::rlqs::SERVICE_PATH) {
             Either::Right(self.rlqs.call(request))
         } else {
             // Everything else, unknown methods included (answered UNIMPLEMENTED).
@@ -157,46 +157,36 @@ where
         let guard = CallGuard(self.activity.clone());
         // A quota stream lasts as long as the client keeps it: the request
         // timeout bounds its start only, and the call lasts while its body does.
-        let streaming = request
-            .uri()
-            .path()
-            .starts_with("/envoy.service.rate_limit_quota.v3.");
+        let streaming = request.uri().path().starts_with(crate::rlqs::SERVICE_PATH);
         let call = self.inner.call(request);
         let timeout = self.request_timeout;
-        if streaming {
-            return Box::pin(async move {
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(reply)) => Ok(reply.map(|body| {
-                        tonic::body::Body::new(Guarded {
-                            body,
-                            _guard: guard,
-                        })
-                    })),
-                    Ok(Err(never)) => match never {},
+        Box::pin(async move {
+            let mut call = std::pin::pin!(call);
+            // Most calls (the memory store's) finish on their first poll:
+            // they never need a timer.
+            let reply = match futures_util::poll!(call.as_mut()) {
+                Poll::Ready(reply) => reply,
+                Poll::Pending => match tokio::time::timeout(timeout, call).await {
+                    Ok(reply) => reply,
+                    // A stream whose body never ends (or a store that never
+                    // answers) cannot hold the call past the bound.
                     Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
                         "call took longer than {timeout:?} (--request-timeout)"
                     ))
                     .into_http()),
-                }
-            });
-        }
-        Box::pin(async move {
-            let _guard = guard;
-            let mut call = std::pin::pin!(call);
-            // Most calls (the memory store's) finish on their first poll:
-            // they never need a timer.
-            if let Poll::Ready(reply) = futures_util::poll!(call.as_mut()) {
+                },
+            };
+            if !streaming {
+                drop(guard);
                 return reply;
             }
-            match tokio::time::timeout(timeout, call).await {
-                Ok(reply) => reply,
-                // A stream whose body never ends (or a store that never
-                // answers) cannot hold the call past the bound.
-                Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
-                    "call took longer than {timeout:?} (--request-timeout)"
-                ))
-                .into_http()),
-            }
+            let Ok(reply) = reply;
+            Ok(reply.map(|body| {
+                tonic::body::Body::new(Guarded {
+                    body,
+                    _guard: guard,
+                })
+            }))
         })
     }
 }

@@ -167,17 +167,7 @@ pub fn replay(
         refused += u64::from(decision.over_limit);
         let slot = ((event.at - start) / bin.max(1)) as usize;
         for (i, status) in decision.statuses.iter().enumerate() {
-            let limits = status
-                .limit
-                .iter()
-                .map(|l| (l, status.over_limit, status.remaining))
-                .chain(
-                    status
-                        .others
-                        .iter()
-                        .map(|o| (&o.limit, o.over_limit, o.remaining)),
-                );
-            for (applied, over, remaining) in limits {
+            for (applied, over, remaining, _) in status.limits() {
                 let key = Arc::as_ptr(&applied.policy) as *const u8 as usize;
                 let Some(&t) = by_policy.get(&key) else {
                     continue;
