@@ -288,4 +288,20 @@ fn bad_input_is_named() {
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown generator setting 'colour'"));
+    // A bin so narrow that the series would not fit in memory.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "simulate",
+            "--rules",
+            "examples/rules",
+            "--generate",
+            "rate=5,seconds=3600",
+        ])
+        .args(["--bin", "1us"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("give a wider --bin"), "{stderr}");
 }

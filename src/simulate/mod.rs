@@ -22,6 +22,10 @@ pub mod traffic;
 pub use replay::{Outcome, RuleResult, replay};
 pub use traffic::{Event, Generate};
 
+/// The most bins of a series (per rule and scenario): a narrow `--bin`
+/// over a long span would otherwise ask for more memory than there is.
+pub const MAX_BINS: u64 = 1_000_000;
+
 /// What to simulate.
 #[derive(Debug, Clone, Default)]
 pub struct Simulation {
@@ -80,13 +84,21 @@ pub fn run(
 ) -> Result<Vec<Outcome>, String> {
     let span = events.last().map_or(0, |e| e.at) - events.first().map_or(0, |e| e.at);
     let bin = sim.bin.unwrap_or_else(|| replay::bin_for(span, 300));
+    let bins = span / bin.max(1) + 1;
+    if bins > MAX_BINS {
+        return Err(format!(
+            "{bins} bins of {bin} ns over {:.0} s of traffic is more than {MAX_BINS}: give a wider --bin",
+            span as f64 / 1e9
+        ));
+    }
     let algorithms: Vec<Option<Algorithm>> = if sim.algorithms.is_empty() {
         vec![None]
     } else {
         sim.algorithms.iter().copied().map(Some).collect()
     };
-    let mut outcomes = Vec::new();
-    let mut done = 0u64;
+    // Every rule set is loaded before anything is replayed: a bad file
+    // stops the run at once, not after the scenarios before it.
+    let mut scenarios = Vec::new();
     for path in &sim.rules {
         let file = path.file_name().map_or_else(
             || path.display().to_string(),
@@ -103,12 +115,15 @@ pub fn run(
                 Some(a) => format!("{file}, {a}"),
                 None => file.clone(),
             };
-            let base = done;
-            outcomes.push(replay(&scenario, rules, events, bin, &|n| {
-                progress(base + n)
-            }));
-            done += events.len() as u64;
+            scenarios.push((scenario, rules));
         }
+    }
+    let mut outcomes = Vec::new();
+    for (i, (scenario, rules)) in scenarios.into_iter().enumerate() {
+        let base = i as u64 * events.len() as u64;
+        outcomes.push(replay(&scenario, rules, events, bin, &|n| {
+            progress(base + n)
+        }));
     }
     Ok(outcomes)
 }
