@@ -201,9 +201,28 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Every plot, per outcome and rule (in their order), titled with the
+/// scenario and the limit.
+fn plots(outcomes: &[Outcome]) -> Vec<Vec<String>> {
+    outcomes
+        .iter()
+        .map(|o| {
+            o.rules
+                .iter()
+                .map(|r| plot(&format!("{} — {}", o.scenario, r.limit), r, o.bin_seconds))
+                .collect()
+        })
+        .collect()
+}
+
 /// `report.html`: per rule, a row with its plot under each scenario, and the
 /// summary table. Self-contained: no scripts, styles or fonts from elsewhere.
 pub fn report_html(outcomes: &[Outcome]) -> String {
+    html_with(outcomes, &plots(outcomes))
+}
+
+/// `report.html` with the plots already drawn.
+fn html_with(outcomes: &[Outcome], plots: &[Vec<String>]) -> String {
     let mut html = String::from(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tollgate simulate</title>\n<style>\nbody{font-family:sans-serif;margin:24px;color:#222}\n.row{display:flex;flex-wrap:wrap;gap:12px}\n.plot{border:1px solid #ddd}\ntable{border-collapse:collapse}td,th{border:1px solid #ddd;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\n</style></head><body>\n<h1>tollgate simulate</h1>\n",
     );
@@ -248,14 +267,13 @@ pub fn report_html(outcomes: &[Outcome]) -> String {
             "<h2 class=\"rule\">{}</h2>\n<div class=\"row\">",
             escape(rule)
         );
-        for o in outcomes {
-            if let Some(r) = o.rules.iter().find(|r| r.rule == rule) {
-                let title = format!("{} — {}", o.scenario, r.limit);
+        for (o, svgs) in outcomes.iter().zip(plots) {
+            if let Some(i) = o.rules.iter().position(|r| r.rule == rule) {
                 let _ = writeln!(
                     html,
                     "<div class=\"plot\" data-rule=\"{}\">{}</div>",
                     escape(rule),
-                    plot(&title, r, o.bin_seconds)
+                    svgs[i]
                 );
             }
         }
@@ -278,17 +296,16 @@ pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
     )?;
     write("series.csv", series_csv(outcomes))?;
     write("series.json", series_json(outcomes).to_string())?;
-    write("report.html", report_html(outcomes))?;
-    // Each plot on its own too, for documents: plots/<scenario>--<rule>.svg.
-    let plots = dir.join("plots");
-    std::fs::create_dir_all(&plots).map_err(|e| format!("{}: {e}", plots.display()))?;
-    for o in outcomes {
-        for r in &o.rules {
-            let name = format!("{}--{}.svg", slug(&o.scenario), slug(&r.rule));
-            let title = format!("{} — {}", o.scenario, r.limit);
-            let path = plots.join(name);
-            std::fs::write(&path, plot(&title, r, o.bin_seconds))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+    // Each plot is drawn once: in the report, and on its own for documents
+    // (plots/<scenario>--<rule>.svg).
+    let svgs = plots(outcomes);
+    write("report.html", html_with(outcomes, &svgs))?;
+    let dir = dir.join("plots");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for (o, svgs) in outcomes.iter().zip(svgs) {
+        for (r, svg) in o.rules.iter().zip(svgs) {
+            let path = dir.join(format!("{}--{}.svg", slug(&o.scenario), slug(&r.rule)));
+            std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
     Ok(())
