@@ -125,6 +125,8 @@ pub struct EnvoyConfig {
     json_format: Option<BTreeMap<String, Field>>,
     text_format: String,
     local_cluster: Option<String>,
+    /// The configuration's `safe_regex` patterns, compiled.
+    regexes: HashMap<String, regex::Regex>,
 }
 
 /// Every object in `value` (depth first) that has `key`.
@@ -209,8 +211,10 @@ impl EnvoyConfig {
             .as_str()
             .or(config["node"]["cluster"].as_str())
             .map(str::to_owned);
+        let regexes = regexes(manager).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Self {
             path: path.to_owned(),
+            regexes,
             domain,
             stage: filter["stage"].as_u64().unwrap_or(0),
             filter_rate_limits: filter["rate_limits"].as_array().cloned(),
@@ -315,44 +319,63 @@ fn domain_matches(pattern: &str, host: &str) -> bool {
 
 /// Whether a string matcher (`exact`, `prefix`, `suffix`, `contains`,
 /// `safe_regex`) matches; `None` when it is of a kind not supported.
-fn string_matches(matcher: &Value, value: &str) -> Option<bool> {
-    let ignore_case = matcher["ignore_case"].as_bool().unwrap_or(false);
-    let (v, fold) = if ignore_case {
-        (value.to_ascii_lowercase(), true)
-    } else {
-        (value.to_owned(), false)
-    };
-    let arg = |k: &str| {
-        matcher[k].as_str().map(|s| {
-            if fold {
-                s.to_ascii_lowercase()
-            } else {
-                s.to_owned()
-            }
-        })
-    };
+fn string_matches(config: &EnvoyConfig, matcher: &Value, value: &str) -> Option<bool> {
+    if let Some(re) = matcher["safe_regex"]["regex"].as_str() {
+        return config.regexes.get(re).map(|re| re.is_match(value));
+    }
+    let fold = matcher["ignore_case"].as_bool().unwrap_or(false);
+    fn lower(s: &str, fold: bool) -> std::borrow::Cow<'_, str> {
+        if fold {
+            std::borrow::Cow::Owned(s.to_ascii_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(s)
+        }
+    }
+    let v = lower(value, fold);
+    let arg = |k: &str| matcher[k].as_str().map(|s| lower(s, fold));
     if let Some(e) = arg("exact") {
         return Some(v == e);
     }
     if let Some(p) = arg("prefix") {
-        return Some(v.starts_with(&p));
+        return Some(v.starts_with(&*p));
     }
     if let Some(s) = arg("suffix") {
-        return Some(v.ends_with(&s));
+        return Some(v.ends_with(&*s));
     }
     if let Some(c) = arg("contains") {
-        return Some(v.contains(&c));
-    }
-    if let Some(re) = matcher["safe_regex"]["regex"].as_str() {
-        let re = regex::Regex::new(&format!("^(?:{re})$")).ok()?;
-        return Some(re.is_match(value));
+        return Some(v.contains(&*c));
     }
     None
 }
 
+/// Every `safe_regex` under `value`, compiled once (whole-value matches, as
+/// Envoy's); an error names the pattern the `regex` crate refuses.
+fn regexes(value: &Value) -> Result<HashMap<String, regex::Regex>, String> {
+    let mut found = Vec::new();
+    find_all(value, "safe_regex", &mut found);
+    let mut compiled = HashMap::new();
+    for holder in found {
+        let Some(pattern) = holder["safe_regex"]["regex"].as_str() else {
+            continue;
+        };
+        if compiled.contains_key(pattern) {
+            continue;
+        }
+        let re = regex::Regex::new(&format!("^(?:{pattern})$"))
+            .map_err(|e| format!("safe_regex '{pattern}' cannot be read: {e}"))?;
+        compiled.insert(pattern.to_owned(), re);
+    }
+    Ok(compiled)
+}
+
 /// Envoy's HeaderMatcher against a logged request; `Err` names what the log
 /// lacks or what is not supported.
-fn header_matches(matcher: &Value, logged: &Logged, recorded: &[Field]) -> Result<bool, String> {
+fn header_matches(
+    config: &EnvoyConfig,
+    matcher: &Value,
+    logged: &Logged,
+    recorded: &[Field],
+) -> Result<bool, String> {
     let name = matcher["name"].as_str().unwrap_or("").to_ascii_lowercase();
     if !recorded.contains(&Field::Header(name.clone())) {
         return Err(format!(
@@ -371,7 +394,7 @@ fn header_matches(matcher: &Value, logged: &Logged, recorded: &[Field]) -> Resul
         } else if let Some(s) = matcher["suffix_match"].as_str() {
             value.ends_with(s)
         } else if matcher["string_match"].is_object() {
-            string_matches(&matcher["string_match"], value)
+            string_matches(config, &matcher["string_match"], value)
                 .ok_or_else(|| format!("a string_match on '{name}' of a kind not supported"))?
         } else {
             // No condition: presence.
@@ -414,7 +437,7 @@ fn route<'a>(
         } else if let Some(p) = m["path_separated_prefix"].as_str() {
             path_only == p || path_only.starts_with(&format!("{p}/"))
         } else if m["safe_regex"].is_object() {
-            string_matches(m, path_only).unwrap_or(false)
+            string_matches(config, m, path_only).unwrap_or(false)
         } else {
             return Err("a route match of a kind not supported (prefix, path, path_separated_prefix and safe_regex are)".into());
         };
@@ -423,7 +446,7 @@ fn route<'a>(
         }
         let mut headers_ok = true;
         for h in m["headers"].as_array().into_iter().flatten() {
-            headers_ok &= header_matches(h, logged, recorded)?;
+            headers_ok &= header_matches(config, h, logged, recorded)?;
         }
         if headers_ok {
             return Ok(Some((route, vhost)));
@@ -539,7 +562,7 @@ fn descriptor(
             "header_value_match" => {
                 let mut all = true;
                 for h in a["headers"].as_array().into_iter().flatten() {
-                    all &= header_matches(h, logged, recorded)?;
+                    all &= header_matches(config, h, logged, recorded)?;
                 }
                 if all != a["expect_match"].as_bool().unwrap_or(true) {
                     return Ok(None);
@@ -830,6 +853,18 @@ not json at all
         assert_eq!(
             descriptors(&events[0]),
             vec![vec![("remote_address".to_owned(), "10.1.2.3".to_owned())]]
+        );
+    }
+
+    #[test]
+    fn a_regex_the_importer_cannot_read_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("envoy.yaml");
+        std::fs::write(&c, JSON_CONFIG.replace("/v[0-9]+/.*", "/v[0-9+/.*")).expect("write");
+        let e = EnvoyConfig::load(&c).expect_err("bad regex");
+        assert!(
+            e.contains("envoy.yaml") && e.contains("safe_regex '/v[0-9+/.*'"),
+            "{e}"
         );
     }
 
