@@ -26,8 +26,8 @@ mod quotas;
 pub mod share;
 
 pub use quotas::{
-    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENTS_PER_BUCKET, Outgoing, QuotaMetrics,
-    QuotaOptions, Quotas, Unmatched,
+    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_CLIENTS_PER_BUCKET, Outgoing,
+    QuotaMetrics, QuotaOptions, Quotas, Unmatched,
 };
 
 /// The start of every gRPC path of the quota service (the server dispatches
@@ -38,9 +38,6 @@ pub const SERVICE_PATH: &str = "/envoy.service.rate_limit_quota.v3.";
 /// share survives a reconnect: in Envoy, `initial_metadata` of the RLQS
 /// `grpc_service`.
 pub const CLIENT_HEADER: &str = "x-tollgate-client";
-
-/// The longest client name taken from [`CLIENT_HEADER`].
-const MAX_CLIENT_NAME: usize = 256;
 
 /// The gRPC service around [`Quotas`].
 #[derive(Debug, Clone)]
@@ -93,9 +90,8 @@ impl RateLimitQuotaService for RlqsService {
             .metadata()
             .get(CLIENT_HEADER)
             .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
-            .map(|v| v.chars().take(MAX_CLIENT_NAME).collect::<String>());
-        let (id, rx) = self.quotas.open(client.as_deref())?;
+            .filter(|v| !v.is_empty());
+        let (id, rx) = self.quotas.open(client)?;
         let reply = self.quotas.sender(id);
         let quotas = self.quotas.clone();
         let mut inbound = request.into_inner();

@@ -47,6 +47,9 @@ pub const COUNTED_PERIOD_SECONDS: u64 = 60;
 /// clients for 15 s after their stream ended).
 pub const MAX_CLIENTS_PER_BUCKET: usize = 4096;
 
+/// The longest client name kept (characters); longer names are cut.
+pub const MAX_CLIENT_NAME: usize = 256;
+
 /// Pushes waiting for a slow stream; past it, pushes are skipped (the next
 /// report's answer carries the latest assignments anyway).
 const PUSH_QUEUE: usize = 16;
@@ -420,7 +423,13 @@ impl Quotas {
         let id = state.next_stream;
         state.next_stream += 1;
         let (client, named): (Arc<str>, bool) = match client {
-            Some(name) => (name.into(), true),
+            Some(name) => (
+                name.chars()
+                    .take(MAX_CLIENT_NAME)
+                    .collect::<String>()
+                    .into(),
+                true,
+            ),
             None => (format!("stream-{id}").into(), false),
         };
         state.streams.insert(

@@ -351,6 +351,16 @@ fn hostile_reports_are_bounded() {
     });
     let (a, _rx) = q.open(None).expect("opens");
     let refused = q.open(Some("another")).expect_err("one stream at most");
+    {
+        // A name is cut to its first MAX_CLIENT_NAME characters.
+        let (q, _, _) = quotas(QuotaOptions::default());
+        let (id, _rx) = q.open(Some(&"é".repeat(100_000))).expect("opens");
+        q.report(id, &report(vec![usage(&[("api_key", "k")], 1, 0, 0)]))
+            .expect("answers");
+        let json = q.to_json(1);
+        let name = json["streams"][0]["client"].as_str().expect("name");
+        assert_eq!(name.chars().count(), MAX_CLIENT_NAME);
+    }
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
     assert!(
         refused.message().contains("--rlqs-max-streams"),
