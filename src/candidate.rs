@@ -137,33 +137,27 @@ impl Candidate {
     /// The `tollgate_candidate_*` metrics.
     pub fn render_metrics(&self, out: &mut String) {
         let counts = self.counts.lock();
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_candidate_requests_total Hits the candidate rules matched, per rule.\n# TYPE tollgate_candidate_requests_total counter"
-        );
-        for (rule, c) in &counts.rules {
-            let mut labels = String::new();
-            crate::metrics::push_label(&mut labels, "rule", rule);
-            let _ = writeln!(
-                out,
-                "tollgate_candidate_requests_total{{{}}} {}",
-                &labels[1..],
-                c.requests
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_candidate_refused_total Hits the candidate rules would have refused, per rule.\n# TYPE tollgate_candidate_refused_total counter"
-        );
-        for (rule, c) in &counts.rules {
-            let mut labels = String::new();
-            crate::metrics::push_label(&mut labels, "rule", rule);
-            let _ = writeln!(
-                out,
-                "tollgate_candidate_refused_total{{{}}} {}",
-                &labels[1..],
-                c.refused
-            );
+        // (name, help, value of one rule's counts)
+        type Series = (&'static str, &'static str, fn(&RuleCounts) -> u64);
+        let per_rule: [Series; 2] = [
+            (
+                "tollgate_candidate_requests_total",
+                "Hits the candidate rules matched, per rule.",
+                |c| c.requests,
+            ),
+            (
+                "tollgate_candidate_refused_total",
+                "Hits the candidate rules would have refused, per rule.",
+                |c| c.refused,
+            ),
+        ];
+        for (name, help, value) in per_rule {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (rule, c) in &counts.rules {
+                let mut labels = String::new();
+                crate::metrics::push_label(&mut labels, "rule", rule);
+                let _ = writeln!(out, "{name}{{{}}} {}", &labels[1..], value(c));
+            }
         }
         let _ = writeln!(
             out,

@@ -921,21 +921,26 @@ impl Quotas {
             entry.0 += local;
             entry.1 += bucket.global.used;
         }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rlqs_demand Requests per second this instance's clients reported, per rule.\n# TYPE tollgate_rlqs_demand gauge"
-        );
-        for ((domain, rule), (rate, _)) in &demand {
-            let labels = rule_labels(domain, rule);
-            let _ = writeln!(out, "tollgate_rlqs_demand{{{labels}}} {rate}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rlqs_window_used Requests admitted in the current window by every instance, per rule (periods of a minute or more).\n# TYPE tollgate_rlqs_window_used gauge"
-        );
-        for ((domain, rule), (_, used)) in &demand {
-            let labels = rule_labels(domain, rule);
-            let _ = writeln!(out, "tollgate_rlqs_window_used{{{labels}}} {used}");
+        // (name, help, value of one rule's (demand, used))
+        type Series = (&'static str, &'static str, fn(&(f64, u64)) -> String);
+        let per_rule: [Series; 2] = [
+            (
+                "tollgate_rlqs_demand",
+                "Requests per second this instance's clients reported, per rule.",
+                |(rate, _)| rate.to_string(),
+            ),
+            (
+                "tollgate_rlqs_window_used",
+                "Requests admitted in the current window by every instance, per rule (periods of a minute or more).",
+                |(_, used)| used.to_string(),
+            ),
+        ];
+        for (name, help, value) in per_rule {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for ((domain, rule), v) in &demand {
+                let labels = rule_labels(domain, rule);
+                let _ = writeln!(out, "{name}{{{labels}}} {}", value(v));
+            }
         }
     }
 
