@@ -391,6 +391,23 @@ fn two_envoys_share_one_quota_by_demand() {
         2,
         "{json}"
     );
+    // ?limit= bounds the listing; anything but a whole number is refused.
+    let listed: serde_json::Value = serde_json::from_str(
+        &http(tollgate.admin, "GET", "/rlqs?limit=0", &[])
+            .expect("admin")
+            .body,
+    )
+    .expect("json");
+    assert_eq!(listed["buckets"].as_array().map(Vec::len), Some(0));
+    assert_eq!(listed["buckets_total"], 1);
+    for bad in [
+        "/rlqs?limit=-1",
+        "/rlqs?limit=lots",
+        "/rlqs?limit=99999999999999999999999",
+    ] {
+        let reply = http(tollgate.admin, "GET", bad, &[]).expect("admin");
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+    }
     let metrics = http(tollgate.admin, "GET", "/metrics", &[])
         .expect("metrics")
         .body;
