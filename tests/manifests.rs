@@ -86,3 +86,24 @@ fn manifests_parse_and_configmap_rules_pass_tollgate_check() {
     }
     assert!(rule_files > 0);
 }
+
+/// The README runs the server with `cargo run --release -- serve`: with the
+/// load tools in src/bin beside it, that needs the package's default binary.
+#[test]
+fn cargo_run_starts_the_server() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    assert!(
+        readme.contains("cargo run --release -- serve"),
+        "the README's run command"
+    );
+    let other_binaries = std::fs::read_dir(root.join("src/bin")).map_or(0, |d| d.count());
+    assert!(
+        other_binaries == 0
+            || manifest
+                .lines()
+                .any(|l| l.trim() == "default-run = \"tollgate\""),
+        "Cargo.toml needs default-run = \"tollgate\" for `cargo run -- serve`"
+    );
+}
