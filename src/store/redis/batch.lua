@@ -4,26 +4,30 @@
 -- (see coalesce.rs): a script call costs Redis far more than the limiting
 -- logic, so one call for many requests is what makes Redis fast.
 --
--- KEYS: every check's keys, request after request (sliding window: current
---       then previous window; fixed window and token bucket: one key).
--- ARGV[1]: the number of requests. Then per request:
+-- KEYS: every key the call reads or writes, each once.
+-- ARGV[1]: one MessagePack array of integers (see msgpack.rs: one argument
+--   parsed in C, not a string per number): the number of requests, then per
+--   request:
 --   the number of checks,
 --   now, in microseconds since the epoch (the caller's clock: key names
 --   carry the window number, so the caller must know it),
---   and seven per check:
---   algorithm ('f', 's' or 't'),
+--   and nine per check:
+--   algorithm (the byte 'f', 's' or 't'),
+--   the key's index in KEYS,
+--   sliding window: the previous window's key's index in KEYS (else 0),
 --   limit,
 --   windows: the window's first µs; token bucket: the period (µs),
 --   windows: the window's end (µs);  token bucket: the burst,
 --   cost (admission needs room for this many; at least 1),
 --   charge (admission spends this many; 0 for a check),
---   enforcement: '1' enforced, '0' shadow (never blocks), 'q' quota mode
---   (blocks only when every 'q' check of the request is refused), 'Q' quota
---   mode decided by the caller (never blocks here; Cluster, across slots).
+--   enforcement (a byte): '1' enforced, '0' shadow (never blocks), 'q' quota
+--   mode (blocks only when every 'q' check of the request is refused), 'Q'
+--   quota mode decided by the caller (never blocks here; Cluster, across
+--   slots).
 -- Windows are computed by the caller (calendar months, multiples of a unit);
 -- key names already carry the window number.
--- Returns three integers per check, flat, in order: allowed (1/0),
--- remaining, wait (µs).
+-- Returns one MessagePack array: three integers per check, in order: allowed
+-- (1/0), remaining, wait (µs).
 --
 -- A later request sees what the earlier ones of the call spent, exactly as
 -- if each had been a call of its own. Every write is SET ... PXAT: the value
@@ -33,34 +37,28 @@
 -- Written for Redis's per-call cost: one MGET for every key of the call, no
 -- closures per check.
 
-local ARGS = 7
+local FIELDS = 9
+local ALG = {}
+for code, decide in pairs(ALGORITHMS) do ALG[string.byte(code)] = decide end
+local ENFORCED, QUOTA = string.byte('1'), string.byte('q')
+local input = cmsgpack.unpack(ARGV[1])
 
 -- What the call has committed so far (key -> value and expiry, in order),
 -- what the current request would commit, and what Redis held before the
 -- call. The pending tables are emptied, not made anew, for each request.
+-- Keys are their indices in KEYS here (the algorithms only hand them to
+-- `read`): tables indexed 1..n live in Lua's array part, without hashing.
 local committed, committed_exp, committed_order = {}, {}, {}
 local pending, pending_exp, pending_order = {}, {}, {}
 -- Every key the call may read, in one MGET: one redis.call per call
 -- instead of one per key (a call from Lua costs more than the read itself).
 local stored = {}
-do
-  -- Each key once (a hot key is in every request of the call), in slices:
-  -- unpack() is bounded by Lua's stack (8,000 values).
-  local unique, n = {}, 0
-  for i = 1, #KEYS do
-    local key = KEYS[i]
-    if stored[key] == nil then
-      stored[key] = 0
-      n = n + 1
-      unique[n] = key
-    end
-  end
-  for from = 1, n, 4000 do
-    local to = math.min(n, from + 3999)
-    local values = redis.call('MGET', unpack(unique, from, to))
-    for i = from, to do
-      stored[unique[i]] = tonumber(values[i - from + 1] or 0)
-    end
+-- unpack() is bounded by Lua's stack (8,000 values): slices.
+for from = 1, #KEYS, 4000 do
+  local to = math.min(#KEYS, from + 3999)
+  local values = redis.call('MGET', unpack(KEYS, from, to))
+  for i = from, to do
+    stored[i] = tonumber(values[i - from + 1] or 0)
   end
 end
 local function read(key)
@@ -73,12 +71,11 @@ end
 
 local out = {}
 local o = 0
-local k = 1
 local a = 2
-for _ = 1, tonumber(ARGV[1]) do
-  local checks = tonumber(ARGV[a])
-  local now = tonumber(ARGV[a + 1])
-  local first, first_key = a + 2, k
+for _ = 1, input[1] do
+  local checks = input[a]
+  local now = input[a + 1]
+  local first = a + 2
   for i = #pending_order, 1, -1 do
     local key = pending_order[i]
     pending[key] = nil
@@ -88,17 +85,14 @@ for _ = 1, tonumber(ARGV[1]) do
   local blocked = false
   local quota, quota_refused = 0, 0
   for i = 0, checks - 1 do
-    local b = first + i * ARGS
-    local alg = ARGV[b]
-    local k1, k2 = KEYS[k], nil
-    if alg == 's' then k2 = KEYS[k + 1]; k = k + 2 else k = k + 1 end
-    local allowed, remaining, wait, value, expires = ALGORITHMS[alg](
-      k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
-      tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), read)
-    local enforce = ARGV[b + 6]
-    if enforce == '1' then
+    local b = first + i * FIELDS
+    local k1, k2 = input[b + 1], input[b + 2]
+    local allowed, remaining, wait, value, expires = ALG[input[b]](
+      k1, k2, now, input[b + 3], input[b + 4], input[b + 5], input[b + 6], input[b + 7], read)
+    local enforce = input[b + 8]
+    if enforce == ENFORCED then
       if allowed == 0 then blocked = true end
-    elseif enforce == 'q' then
+    elseif enforce == QUOTA then
       quota = quota + 1
       if allowed == 0 then quota_refused = quota_refused + 1 end
     end
@@ -120,15 +114,11 @@ for _ = 1, tonumber(ARGV[1]) do
       pending[pending_order[i]] = nil
       pending_order[i] = nil
     end
-    local kk = first_key
     for i = 0, checks - 1 do
-      local b = first + i * ARGS
-      local alg = ARGV[b]
-      local k1, k2 = KEYS[kk], nil
-      if alg == 's' then k2 = KEYS[kk + 1]; kk = kk + 2 else kk = kk + 1 end
       if out[o + i * 3 + 1] == 1 then
-        local _, remaining = ALGORITHMS[alg](
-          k1, k2, now, tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]),
+        local b = first + i * FIELDS
+        local _, remaining = ALG[input[b]](
+          input[b + 1], input[b + 2], now, input[b + 3], input[b + 4], input[b + 5],
           1, 0, read)
         out[o + i * 3 + 2] = remaining
       end
@@ -141,11 +131,20 @@ for _ = 1, tonumber(ARGV[1]) do
     end
   end
   o = o + checks * 3
-  a = first + checks * ARGS
+  a = first + checks * FIELDS
 end
 
-for _, key in ipairs(committed_order) do
-  -- Numbers reach Redis as integers (%.17g): µs timestamps stay exact.
-  redis.call('SET', key, committed[key], 'PXAT', math.ceil(committed_exp[key] / 1000))
+-- Numbers go to Redis as integer strings: a Lua number given to redis.call
+-- is printed with '%.17g', which costs several times more. Below 2^53 every
+-- value here is an integer held exactly (counters, µs timestamps); anything
+-- larger is left to '%.17g'.
+local EXACT = 9007199254740992
+local function integer(n)
+  if n < EXACT and n > -EXACT then return string.format('%d', n) end
+  return n
 end
-return out
+for _, key in ipairs(committed_order) do
+  redis.call('SET', KEYS[key], integer(committed[key]), 'PXAT',
+    integer(math.ceil(committed_exp[key] / 1000)))
+end
+return cmsgpack.pack(out)

@@ -28,7 +28,7 @@ use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::{RedisStore, parse_reply, redis_error};
+use super::{RedisStore, msgpack, parse_reply, redis_error};
 use crate::store::StoreError;
 
 /// One request's checks in one slot, as the script takes them.
@@ -41,16 +41,22 @@ pub(super) struct Part {
     pub(super) checks: SmallVec<[CheckArgs; 4]>,
 }
 
-/// One check's seven script arguments (see `batch.lua`).
+/// One check's script arguments (see `batch.lua`); the keys come from the
+/// part's `keys`.
 pub(super) struct CheckArgs {
-    pub(super) code: &'static str,
+    /// `b'f'`, `b's'` or `b't'` (`script_code`).
+    pub(super) code: u8,
     pub(super) limit: u32,
     pub(super) a: u64,
     pub(super) b: u64,
     pub(super) cost: u64,
     pub(super) charge: u64,
-    pub(super) enforce: &'static str,
+    /// `b'1'`, `b'0'`, `b'q'` or `b'Q'` (see `batch.lua`).
+    pub(super) enforce: u8,
 }
+
+/// Numbers per check in the script's argument (see `batch.lua`).
+const FIELDS: usize = 9;
 
 /// Per check: allowed, remaining, wait (µs).
 pub(super) type Rows = Vec<(bool, u32, u64)>;
@@ -214,25 +220,46 @@ impl RedisStore {
         deliver(part.checks.len(), others, reply)
     }
 
-    /// One script call for `parts`.
-    async fn send(&self, parts: &[&Part]) -> Result<Value, StoreError> {
+    /// One script call for `parts`: each distinct key once in KEYS (a hot
+    /// key is in every part), the numbers as one MessagePack argument.
+    async fn send<'a>(&self, parts: &[&'a Part]) -> Result<Value, StoreError> {
         let mut inv = self.inner.batch.prepare_invoke();
-        inv.arg(parts.len());
+        let numbers = 1 + parts
+            .iter()
+            .map(|p| 2 + p.checks.len() * FIELDS)
+            .sum::<usize>();
+        let mut args = msgpack::Writer::array(numbers);
+        args.uint(parts.len() as u64);
+        let mut index: HashMap<&str, u64> = HashMap::with_capacity(parts.len() + 1);
+        let mut key_index = |key: &'a str| -> u64 {
+            let next = index.len() as u64 + 1;
+            *index.entry(key).or_insert_with(|| {
+                inv.key(key);
+                next
+            })
+        };
         for part in parts {
-            for key in part.keys.iter() {
-                inv.key(key.as_str());
-            }
-            inv.arg(part.checks.len()).arg(part.now_us);
+            args.uint(part.checks.len() as u64).uint(part.now_us);
+            let mut keys = part.keys.iter();
             for c in &part.checks {
-                inv.arg(c.code)
-                    .arg(c.limit)
-                    .arg(c.a)
-                    .arg(c.b)
-                    .arg(c.cost)
-                    .arg(c.charge)
-                    .arg(c.enforce);
+                let key = keys.next().map_or(0, |k| key_index(k));
+                let previous = if c.code == b's' {
+                    keys.next().map_or(0, |k| key_index(k))
+                } else {
+                    0
+                };
+                args.uint(u64::from(c.code))
+                    .uint(key)
+                    .uint(previous)
+                    .uint(u64::from(c.limit))
+                    .uint(c.a)
+                    .uint(c.b)
+                    .uint(c.cost)
+                    .uint(c.charge)
+                    .uint(u64::from(c.enforce));
             }
         }
+        inv.arg(args.into_bytes());
         let mut conn = self.conn().await?;
         conn.invoke(&inv).await.map_err(|e| redis_error(&e))
     }

@@ -32,18 +32,25 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String
         escape_into(&mut base, v);
     }
     base.push('}');
-    let code = algorithm_code(parts.algorithm);
-    let unit = parts.unit.period_name(parts.every, parts.zone);
+    base.push(':');
+    base.push_str(algorithm_code(parts.algorithm));
+    base.push(':');
+    // Per request: written in place rather than through `format!`.
+    match (parts.every, parts.zone) {
+        (0 | 1, None) => base.push_str(parts.unit.name()),
+        (every, zone) => base.push_str(&parts.unit.period_name(every, zone)),
+    }
+    let numbered = |window: u64| {
+        let mut name = String::with_capacity(base.len() + 21);
+        name.push_str(&base);
+        name.push(':');
+        name.push_str(itoa::Buffer::new().format(window));
+        name
+    };
     match parts.algorithm {
-        Algorithm::FixedWindow => ([format!("{base}:{code}:{unit}:{window}"), String::new()], 1),
-        Algorithm::SlidingWindow => (
-            [
-                format!("{base}:{code}:{unit}:{window}"),
-                format!("{base}:{code}:{unit}:{}", window.saturating_sub(1)),
-            ],
-            2,
-        ),
-        Algorithm::TokenBucket => ([format!("{base}:{code}:{unit}"), String::new()], 1),
+        Algorithm::FixedWindow => ([numbered(window), String::new()], 1),
+        Algorithm::SlidingWindow => ([numbered(window), numbered(window.saturating_sub(1))], 2),
+        Algorithm::TokenBucket => ([base, String::new()], 1),
     }
 }
 

@@ -20,6 +20,7 @@
 mod coalesce;
 mod keys;
 mod lease;
+mod msgpack;
 mod over_limit;
 
 use std::cell::RefCell;
@@ -629,13 +630,13 @@ impl RedisStore {
             };
             let hits = c.quota.hits(if spend { c.hits } else { 0 });
             let enforce = match (c.enforced, c.quota_mode) {
-                (false, _) => "0",
-                (true, false) => "1",
-                (true, true) if group.quota_here => "q",
-                (true, true) => "Q",
+                (false, _) => b'0',
+                (true, false) => b'1',
+                (true, true) if group.quota_here => b'q',
+                (true, true) => b'Q',
             };
             CheckArgs {
-                code: script_code(c.algorithm),
+                code: script_code(c.algorithm).as_bytes()[0],
                 limit: c.quota.limit,
                 a,
                 b,
@@ -745,22 +746,23 @@ impl RedisStore {
 
 fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, StoreError> {
     let bad = || StoreError::Script(format!("unexpected reply from the batch script: {value:?}"));
-    let Value::Array(flat) = &value else {
+    let Value::BulkString(bytes) = &value else {
         return Err(bad());
     };
-    if flat.len() != expected * 3 {
+    let numbers = msgpack::read_numbers(bytes).ok_or_else(bad)?;
+    if numbers.len() != expected * 3 {
         return Err(bad());
     }
-    flat.chunks(3)
-        .map(|row| match row {
-            [Value::Int(a), Value::Int(r), Value::Int(w)] => Ok((
-                *a == 1,
-                u32::try_from(*r).unwrap_or(if *r < 0 { 0 } else { u32::MAX }),
-                u64::try_from(*w).unwrap_or(0),
-            )),
-            _ => Err(bad()),
+    Ok(numbers
+        .chunks_exact(3)
+        .map(|row| {
+            (
+                row[0] == 1,
+                u32::try_from(row[1]).unwrap_or(if row[1] < 0 { 0 } else { u32::MAX }),
+                u64::try_from(row[2]).unwrap_or(0),
+            )
         })
-        .collect()
+        .collect())
 }
 
 fn redis_error(e: &RedisError) -> StoreError {
