@@ -69,13 +69,16 @@ local function read(key)
   return stored[key] or 0
 end
 
+local function commit(key, value, expires)
+  if committed[key] == nil then committed_order[#committed_order + 1] = key end
+  committed[key] = value
+  committed_exp[key] = expires
+end
+
 local out = {}
-local o = 0
-local a = 2
-for _ = 1, input[1] do
-  local checks = input[a]
-  local now = input[a + 1]
-  local first = a + 2
+-- A request of several checks, its rows at out[o + 1 ...]: all or nothing,
+-- so what it would write is held in `pending` until every check is decided.
+local function several(first, checks, now, o)
   for i = #pending_order, 1, -1 do
     local key = pending_order[i]
     pending[key] = nil
@@ -86,9 +89,10 @@ for _ = 1, input[1] do
   local quota, quota_refused = 0, 0
   for i = 0, checks - 1 do
     local b = first + i * FIELDS
-    local k1, k2 = input[b + 1], input[b + 2]
+    local k1 = input[b + 1]
     local allowed, remaining, wait, value, expires = ALG[input[b]](
-      k1, k2, now, input[b + 3], input[b + 4], input[b + 5], input[b + 6], input[b + 7], read)
+      k1, input[b + 2], now, input[b + 3], input[b + 4], input[b + 5], input[b + 6],
+      input[b + 7], read)
     local enforce = input[b + 8]
     if enforce == ENFORCED then
       if allowed == 0 then blocked = true end
@@ -125,10 +129,30 @@ for _ = 1, input[1] do
     end
   else
     for _, key in ipairs(pending_order) do
-      if committed[key] == nil then committed_order[#committed_order + 1] = key end
-      committed[key] = pending[key]
-      committed_exp[key] = pending_exp[key]
+      commit(key, pending[key], pending_exp[key])
     end
+  end
+end
+
+local o = 0
+local a = 2
+for _ = 1, input[1] do
+  local checks = input[a]
+  local now = input[a + 1]
+  local first = a + 2
+  if checks == 1 then
+    -- One check (one descriptor, one limit: most requests). A refused
+    -- check writes nothing (no value), so there is nothing to hold back or
+    -- undo: what it would write is committed at once.
+    local allowed, remaining, wait, value, expires = ALG[input[first]](
+      input[first + 1], input[first + 2], now, input[first + 3], input[first + 4],
+      input[first + 5], input[first + 6], input[first + 7], read)
+    if value ~= nil then commit(input[first + 1], value, expires) end
+    out[o + 1] = allowed
+    out[o + 2] = remaining
+    out[o + 3] = wait
+  else
+    several(first, checks, now, o)
   end
   o = o + checks * 3
   a = first + checks * FIELDS
