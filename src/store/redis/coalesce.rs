@@ -215,7 +215,9 @@ impl RedisStore {
             let mut parts: SmallVec<[&Part; 8]> = SmallVec::with_capacity(others.len() + 1);
             parts.push(&part);
             parts.extend(others.iter().map(|q| &q.part));
-            self.send(&parts).await
+            // Boxed: the client's future is large, and every request's
+            // future would carry (and move) it; only a leader sends.
+            Box::pin(self.send(&parts)).await
         };
         deliver(part.checks.len(), others, reply)
     }

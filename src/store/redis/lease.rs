@@ -172,7 +172,9 @@ impl RedisStore {
                 asked.push(grab);
             }
         }
-        let decided = self.decide_exact(&mut asked, now).await;
+        // Boxed: most leased requests are answered above without waiting,
+        // and should not carry (and move) the Redis path's future.
+        let decided = Box::pin(self.decide_exact(&mut asked, now)).await;
         if let Err(e) = decided {
             leases.give_back(checks, &taken);
             return Err(e);

