@@ -12,7 +12,7 @@ work=$(mktemp -d)
 rport=16599
 taskset -c 0 redis-server --port $rport --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
 redis=$!
-trap 'kill $redis 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill $redis 2>/dev/null || true; wait $redis 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 50); do redis-cli -p $rport PING >/dev/null 2>&1 && break; sleep 0.1; done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(redis-server --version | cut -d' ' -f1-3)"
 taskset -c 1 python3 bench/redis_script.py $rport "${CALLS:-5000}"

@@ -191,3 +191,63 @@ async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers()
         .count();
     assert!(admitted <= 1, "{admitted} admitted of a limit of 1");
 }
+
+/// A window counter is created by `SET ... PXAT` and afterwards only
+/// `INCRBY`'d (cheaper for Redis, and it keeps the expiry): the expiry stays
+/// the one its window fixes — the window's end for a fixed window, the end
+/// of the next window for a sliding one (it counts as the previous window
+/// there) — and the value counts every hit, whichever command wrote it.
+#[tokio::test(flavor = "current_thread")]
+async fn window_counters_keep_the_expiry_their_window_fixes() {
+    const WINDOWS: &str = "domain: w
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: sliding_window}
+";
+    let redis = RedisServer::start();
+    let hour = common::next_whole_hour();
+    let clock = ManualClock::new(hour);
+    let rules = load_sources(
+        &[(PathBuf::from("w.yaml"), WINDOWS.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_secs(2);
+    let store = Store::Redis(RedisStore::new(options).expect("store"));
+    let options = LimiterOptions {
+        unavailable_on_store_error: true,
+        ..LimiterOptions::default()
+    };
+    let limiter = Limiter::new(rules, store, Arc::new(clock.clone()), options);
+    // Three requests in the first minute of the hour, one call each: the
+    // first creates each key, the next two add to it.
+    for (at, hits) in [(1, 1), (20, 2), (59, 3)] {
+        clock.set(hour + at * NANOS_PER_SEC);
+        let request = common::limiter_request("w", &[&[("fixed", "x")], &[("sliding", "x")]], hits);
+        let decided = limiter.should_rate_limit(&request).await.expect("decided");
+        assert!(!decided.over_limit);
+    }
+    assert_eq!(redis.calls("incrby"), 4, "two later writes of two keys");
+    let hour_ms = hour / 1_000_000;
+    let mut seen = 0;
+    for (key, _) in redis.keys_with_ttl() {
+        let expires: u64 = redis
+            .cli(&["PEXPIRETIME", &key])
+            .trim()
+            .parse()
+            .expect("an expiry");
+        let value = redis.cli(&["GET", &key]);
+        assert_eq!(value.trim(), "6", "{key}: 1 + 2 + 3 hits");
+        if key.contains(":fw:") {
+            assert_eq!(expires, hour_ms + 60_000, "{key}: the window's end");
+        } else {
+            assert!(key.contains(":sw:"), "{key}");
+            assert_eq!(expires, hour_ms + 120_000, "{key}: the next window's end");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "one key per window counter");
+}

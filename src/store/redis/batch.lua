@@ -30,9 +30,12 @@
 -- (1/0), remaining, wait (µs).
 --
 -- A later request sees what the earlier ones of the call spent, exactly as
--- if each had been a call of its own. Every write is SET ... PXAT: the value
--- and its expiry in one command, so a counter without an expiry cannot
--- exist, even for an instant. Nothing is written for a refused request.
+-- if each had been a call of its own. A key is created only by SET ... PXAT:
+-- the value and its expiry in one command, so a counter without an expiry
+-- cannot exist, even for an instant. A window counter that exists already
+-- carries the expiry its window fixes, and is only INCRBY'd (which keeps
+-- it); a token bucket's expiry moves with its value, so it is always SET.
+-- Nothing is written for a refused request.
 --
 -- Written for Redis's per-call cost: one MGET for every key of the call, no
 -- closures per check.
@@ -40,7 +43,7 @@
 local FIELDS = 9
 local ALG = {}
 for code, decide in pairs(ALGORITHMS) do ALG[string.byte(code)] = decide end
-local ENFORCED, QUOTA = string.byte('1'), string.byte('q')
+local ENFORCED, QUOTA, TOKEN = string.byte('1'), string.byte('q'), string.byte('t')
 local input = cmsgpack.unpack(ARGV[1])
 
 -- What the call has committed so far (key -> value and expiry, in order),
@@ -52,15 +55,21 @@ local committed, committed_exp, committed_order = {}, {}, {}
 local pending, pending_exp, pending_order = {}, {}, {}
 -- Every key the call may read, in one MGET: one redis.call per call
 -- instead of one per key (a call from Lua costs more than the read itself).
-local stored = {}
+-- `present`: the key holds a number (so it was written with its expiry).
+local stored, present = {}, {}
 -- unpack() is bounded by Lua's stack (8,000 values): slices.
 for from = 1, #KEYS, 4000 do
   local to = math.min(#KEYS, from + 3999)
   local values = redis.call('MGET', unpack(KEYS, from, to))
   for i = from, to do
-    stored[i] = tonumber(values[i - from + 1] or 0)
+    local v = tonumber(values[i - from + 1] or 'nil')
+    stored[i] = v or 0
+    present[i] = v ~= nil
   end
 end
+-- Keys of window counters (fixed and sliding window): their expiry follows
+-- from their name (the window), so once written it never changes.
+local windowed = {}
 local function read(key)
   local v = pending[key]
   if v ~= nil then return v end
@@ -104,6 +113,7 @@ local function several(first, checks, now, o)
       if pending[k1] == nil then pending_order[#pending_order + 1] = k1 end
       pending[k1] = value
       pending_exp[k1] = expires
+      if input[b] ~= TOKEN then windowed[k1] = true end
     end
     out[o + i * 3 + 1] = allowed
     out[o + i * 3 + 2] = remaining
@@ -147,7 +157,10 @@ for _ = 1, input[1] do
     local allowed, remaining, wait, value, expires = ALG[input[first]](
       input[first + 1], input[first + 2], now, input[first + 3], input[first + 4],
       input[first + 5], input[first + 6], input[first + 7], read)
-    if value ~= nil then commit(input[first + 1], value, expires) end
+    if value ~= nil then
+      commit(input[first + 1], value, expires)
+      if input[first] ~= TOKEN then windowed[input[first + 1]] = true end
+    end
     out[o + 1] = allowed
     out[o + 2] = remaining
     out[o + 3] = wait
@@ -168,7 +181,15 @@ local function integer(n)
   return n
 end
 for _, key in ipairs(committed_order) do
-  redis.call('SET', KEYS[key], integer(committed[key]), 'PXAT',
-    integer(math.ceil(committed_exp[key] / 1000)))
+  local value = committed[key]
+  if windowed[key] and present[key] and value < EXACT and stored[key] < EXACT then
+    -- A window counter that exists already has the expiry its window gives
+    -- it (every write of a new key sets it, below): INCRBY keeps it, and
+    -- costs Redis about 60 % of a SET with PXAT on a key out of the cache.
+    redis.call('INCRBY', KEYS[key], integer(value - stored[key]))
+  else
+    redis.call('SET', KEYS[key], integer(value), 'PXAT',
+      integer(math.ceil(committed_exp[key] / 1000)))
+  end
 end
 return cmsgpack.pack(out)
