@@ -250,4 +250,19 @@ descriptors:
         seen += 1;
     }
     assert_eq!(seen, 2, "one key per window counter");
+
+    // A value Lua reads as a number but INCRBY refuses (written by anything
+    // but Tollgate, without an expiry): rewritten with SET ... PXAT, never an
+    // error that would fail every request of the call.
+    for (key, _) in redis.keys_with_ttl() {
+        assert_eq!(redis.cli(&["SET", &key, "1e1"]).trim(), "OK");
+    }
+    clock.set(hour + 59_500 * 1_000_000);
+    let request = common::limiter_request("w", &[&[("fixed", "x")], &[("sliding", "x")]], 1);
+    let decided = limiter.should_rate_limit(&request).await.expect("decided");
+    assert!(!decided.over_limit);
+    for (key, ttl) in redis.keys_with_ttl() {
+        assert!(ttl > 0, "{key} has its expiry again");
+        assert_eq!(redis.cli(&["GET", &key]).trim(), "11", "{key}: 10 + 1");
+    }
 }

@@ -55,16 +55,17 @@ local committed, committed_exp, committed_order = {}, {}, {}
 local pending, pending_exp, pending_order = {}, {}, {}
 -- Every key the call may read, in one MGET: one redis.call per call
 -- instead of one per key (a call from Lua costs more than the read itself).
--- `present`: the key holds a number (so it was written with its expiry).
-local stored, present = {}, {}
+-- `raw`: what Redis holds, as it holds it, for keys that hold a number.
+local stored, raw = {}, {}
 -- unpack() is bounded by Lua's stack (8,000 values): slices.
 for from = 1, #KEYS, 4000 do
   local to = math.min(#KEYS, from + 3999)
   local values = redis.call('MGET', unpack(KEYS, from, to))
   for i = from, to do
-    local v = tonumber(values[i - from + 1] or 'nil')
+    local r = values[i - from + 1]
+    local v = tonumber(r or 'nil')
     stored[i] = v or 0
-    present[i] = v ~= nil
+    if v ~= nil then raw[i] = r end
   end
 end
 -- Keys of window counters (fixed and sliding window): their expiry follows
@@ -182,11 +183,15 @@ local function integer(n)
 end
 for _, key in ipairs(committed_order) do
   local value = committed[key]
-  if windowed[key] and present[key] and value < EXACT and stored[key] < EXACT then
+  local was = stored[key]
+  if windowed[key] and value < EXACT and raw[key] == integer(was) then
     -- A window counter that exists already has the expiry its window gives
     -- it (every write of a new key sets it, below): INCRBY keeps it, and
     -- costs Redis about 60 % of a SET with PXAT on a key out of the cache.
-    redis.call('INCRBY', KEYS[key], integer(value - stored[key]))
+    -- Only on a value written as Tollgate writes integers: Lua reads more
+    -- as numbers than INCRBY takes (' 7', '0x10', '1e3', '7.5'), and an
+    -- INCRBY error would fail the whole call, everyone's requests in it.
+    redis.call('INCRBY', KEYS[key], integer(value - was))
   else
     redis.call('SET', KEYS[key], integer(value), 'PXAT',
       integer(math.ceil(committed_exp[key] / 1000)))
