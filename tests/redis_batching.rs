@@ -35,8 +35,13 @@ descriptors:
 ";
 
 fn instance(redis: &RedisServer, clock: &ManualClock) -> Limiter {
+    instance_with(redis, clock, RULES)
+}
+
+/// A Tollgate instance on `rules` (one file's text).
+fn instance_with(redis: &RedisServer, clock: &ManualClock, rules: &str) -> Limiter {
     let rules = load_sources(
-        &[(PathBuf::from("l.yaml"), RULES.into())],
+        &[(PathBuf::from("l.yaml"), rules.into())],
         &LoadOptions::default(),
     )
     .expect("rules");
@@ -209,19 +214,7 @@ descriptors:
     let redis = RedisServer::start();
     let hour = common::next_whole_hour();
     let clock = ManualClock::new(hour);
-    let rules = load_sources(
-        &[(PathBuf::from("w.yaml"), WINDOWS.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
-    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
-    options.timeout = Duration::from_secs(2);
-    let store = Store::Redis(RedisStore::new(options).expect("store"));
-    let options = LimiterOptions {
-        unavailable_on_store_error: true,
-        ..LimiterOptions::default()
-    };
-    let limiter = Limiter::new(rules, store, Arc::new(clock.clone()), options);
+    let limiter = instance_with(&redis, &clock, WINDOWS);
     // Three requests in the first minute of the hour, one call each: the
     // first creates each key, the next two add to it.
     for (at, hits) in [(1, 1), (20, 2), (59, 3)] {
