@@ -89,13 +89,21 @@ impl Unit {
     /// people read it and as Redis key names carry it: `minute`, `5minute`,
     /// `month@Europe/Berlin`.
     pub fn period_name(self, every: u32, zone: Option<&str>) -> String {
-        let unit = match every {
-            0 | 1 => self.name().to_owned(),
-            n => format!("{n}{}", self.name()),
-        };
-        match zone {
-            Some(zone) => format!("{unit}@{zone}"),
-            None => unit,
+        let mut name = String::new();
+        self.write_period_name(&mut name, every, zone);
+        name
+    }
+
+    /// [`Unit::period_name`], appended to `out` (Redis key names are built
+    /// per request: no string of its own).
+    pub fn write_period_name(self, out: &mut String, every: u32, zone: Option<&str>) {
+        if every > 1 {
+            out.push_str(itoa::Buffer::new().format(every));
+        }
+        out.push_str(self.name());
+        if let Some(zone) = zone {
+            out.push('@');
+            out.push_str(zone);
         }
     }
 

@@ -35,11 +35,9 @@ pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String
     base.push(':');
     base.push_str(algorithm_code(parts.algorithm));
     base.push(':');
-    // Per request: written in place rather than through `format!`.
-    match (parts.every, parts.zone) {
-        (0 | 1, None) => base.push_str(parts.unit.name()),
-        (every, zone) => base.push_str(&parts.unit.period_name(every, zone)),
-    }
+    parts
+        .unit
+        .write_period_name(&mut base, parts.every, parts.zone);
     let numbered = |window: u64| {
         let mut name = String::with_capacity(base.len() + 21);
         name.push_str(&base);
