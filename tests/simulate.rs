@@ -11,7 +11,9 @@ use std::process::Command;
 use tollgate::algorithm::{Algorithm, Quota, State};
 use tollgate::clock::NANOS_PER_SEC;
 
-fn simulate(args: &[&str]) -> (String, String) {
+/// `tollgate simulate ARGS` from the project directory: its exit status,
+/// stdout and stderr.
+fn run_simulate(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("simulate")
         .args(args)
@@ -20,8 +22,20 @@ fn simulate(args: &[&str]) -> (String, String) {
         .expect("run tollgate simulate");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "simulate failed:\n{stdout}\n{stderr}");
+    (out.status.success(), stdout, stderr)
+}
+
+fn simulate(args: &[&str]) -> (String, String) {
+    let (ok, stdout, stderr) = run_simulate(args);
+    assert!(ok, "simulate failed:\n{stdout}\n{stderr}");
     (stdout, stderr)
+}
+
+/// The stderr of a `tollgate simulate ARGS` that must fail.
+fn simulate_fails(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = run_simulate(args);
+    assert!(!ok, "simulate {args:?} succeeded:\n{stdout}");
+    stderr
 }
 
 fn summary(dir: &Path) -> serde_json::Value {
@@ -266,42 +280,27 @@ fn bad_input_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"timestamp\": 1, \"domain\": \"api\"}\nnot json\n").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["simulate", "--rules", "examples/rules", "--traffic"])
-        .arg(&bad)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bad = bad.to_str().expect("a UTF-8 path");
+    let stderr = simulate_fails(&["--rules", "examples/rules", "--traffic", bad]);
     assert!(stderr.contains("bad.jsonl:2:"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "simulate",
-            "--rules",
-            "examples/rules",
-            "--generate",
-            "rate=5,colour=red",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown generator setting 'colour'"));
+    let stderr = simulate_fails(&[
+        "--rules",
+        "examples/rules",
+        "--generate",
+        "rate=5,colour=red",
+    ]);
+    assert!(
+        stderr.contains("unknown generator setting 'colour'"),
+        "{stderr}"
+    );
     // A bin so narrow that the series would not fit in memory.
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "simulate",
-            "--rules",
-            "examples/rules",
-            "--generate",
-            "rate=5,seconds=3600",
-        ])
-        .args(["--bin", "1us"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = simulate_fails(&[
+        "--rules",
+        "examples/rules",
+        "--generate",
+        "rate=5,seconds=3600",
+        "--bin",
+        "1us",
+    ]);
     assert!(stderr.contains("give a wider --bin"), "{stderr}");
 }
