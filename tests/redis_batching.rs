@@ -22,7 +22,7 @@ use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC};
 use tollgate::limiter::{Limiter, LimiterOptions, Request};
 use tollgate::rules::{LoadOptions, load_sources};
 use tollgate::store::Store;
-use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
+use tollgate::store::redis::{BatchBounds, RedisOptions, RedisStore, RedisTarget};
 
 const RULES: &str = "domain: l
 descriptors:
@@ -144,39 +144,9 @@ async fn a_refused_request_spends_nothing_of_a_lease() {
 async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers() {
     let redis = RedisServer::start();
     let clock = start_clock();
-    let rules = load_sources(
-        &[(PathBuf::from("l.yaml"), RULES.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
-    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
-    options.timeout = Duration::from_millis(100);
-    let limiter = Limiter::new(
-        rules,
-        Store::Redis(RedisStore::new(options).expect("store")),
-        Arc::new(clock.clone()),
-        LimiterOptions {
-            unavailable_on_store_error: true,
-            ..LimiterOptions::default()
-        },
-    );
+    let limiter = stalling_instance(&redis, &clock, BatchBounds::default()).await;
     let d: &[&[(&str, &str)]] = &[&[("gate", "stall")]];
-    // Connect and load the script first.
-    assert!(admitted(&limiter, &[&[("gate", "warm")]], 1).await == 1);
-    let sleeper = {
-        let cli = redis.url();
-        std::thread::spawn(move || {
-            let mut conn = redis::Client::open(cli.as_str())
-                .and_then(|c| c.get_connection())
-                .expect("connection");
-            let _: () = redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg("0.5")
-                .query(&mut conn)
-                .expect("DEBUG SLEEP");
-        })
-    };
-    std::thread::sleep(Duration::from_millis(50));
+    let sleeper = stall(&redis, "0.5");
     let request = common::limiter_request("l", d, 0);
     let stalled =
         futures_util::future::join_all((0..30).map(|_| limiter.should_rate_limit(&request))).await;
@@ -195,6 +165,81 @@ async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers()
         .filter(|d| !d.over_limit)
         .count();
     assert!(admitted <= 1, "{admitted} admitted of a limit of 1");
+}
+
+/// A connected instance with a Redis bound of 100 ms and `batch` bounds.
+async fn stalling_instance(
+    redis: &RedisServer,
+    clock: &ManualClock,
+    batch: BatchBounds,
+) -> Limiter {
+    let rules = load_sources(
+        &[(PathBuf::from("l.yaml"), RULES.into())],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_millis(100);
+    options.batch = batch;
+    let limiter = Limiter::new(
+        rules,
+        Store::Redis(RedisStore::new(options).expect("store")),
+        Arc::new(clock.clone()),
+        LimiterOptions {
+            unavailable_on_store_error: true,
+            ..LimiterOptions::default()
+        },
+    );
+    // Connect and load the script first.
+    assert!(admitted(&limiter, &[&[("gate", "warm")]], 1).await == 1);
+    limiter
+}
+
+/// Holds Redis for `seconds` (from another connection), from 50 ms on.
+fn stall(redis: &RedisServer, seconds: &'static str) -> std::thread::JoinHandle<()> {
+    let cli = redis.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(cli.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("connection");
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(seconds)
+            .query(&mut conn)
+            .expect("DEBUG SLEEP");
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    sleeper
+}
+
+/// The Redis bound holds for each request from when it asked, however many
+/// calls are queued ahead of it: with one request per call, eight requests
+/// behind a stalled call are all answered (with a timeout) by about one
+/// bound, not one bound per call ahead (800 ms).
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_queued_behind_several_calls_is_answered_by_its_own_deadline() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let one_per_call = BatchBounds {
+        requests: 1,
+        ..BatchBounds::default()
+    };
+    let limiter = stalling_instance(&redis, &clock, one_per_call).await;
+    let sleeper = stall(&redis, "1");
+    let request = common::limiter_request("l", &[&[("gate", "queued")]], 0);
+    let asked = std::time::Instant::now();
+    let answers =
+        futures_util::future::join_all((0..8).map(|_| limiter.should_rate_limit(&request))).await;
+    let took = asked.elapsed();
+    assert!(
+        answers.iter().all(|r| r.is_err()),
+        "every request timed out: {answers:?}"
+    );
+    assert!(
+        took < Duration::from_millis(400),
+        "answered after {took:?}: the 100 ms bound is per request"
+    );
+    sleeper.join().expect("sleeper");
 }
 
 /// A window counter is created by `SET ... PXAT` and afterwards only

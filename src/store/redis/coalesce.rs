@@ -15,18 +15,28 @@
 //! seeing what the earlier ones spent: exactly the decisions of one call per
 //! request, made in that order.
 //!
-//! A request that gives up while queued (its deadline passed) is skipped,
-//! and if it had been told to lead, the lead passes on; one whose call was
-//! abandoned half-way (the sender's deadline passed) is answered with a
-//! timeout, like a call of its own that timed out.
+//! Each request has a deadline (`--redis-timeout` from when it asked), and
+//! is answered by it, with one timer per call rather than one per request
+//! (a timer costs more than the rest of a queued request's wait): a call is
+//! bounded by the earliest deadline among its parts, and a queued part
+//! whose deadline has passed before a call could take it is answered with a
+//! timeout instead of being sent. A queued request cannot wait longer: the
+//! calls ahead of it carry parts queued before it, with earlier deadlines.
+//! A request that gives up while queued (its future dropped) is skipped, and
+//! if it had been told to lead, the lead passes on; one whose call was
+//! abandoned half-way (the sender gave up) is answered with a timeout, like
+//! a call of its own that timed out.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+
+use std::time::Duration;
 
 use redis::Value;
 use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::{RedisStore, msgpack, parse_reply, redis_error};
 use crate::store::StoreError;
@@ -63,6 +73,8 @@ pub(super) type Rows = Vec<(bool, u32, u64)>;
 
 struct Queued {
     part: Part,
+    /// When the request stops waiting for Redis.
+    deadline: Instant,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -70,7 +82,7 @@ struct Queued {
 enum Answer {
     Rows(Result<Rows, StoreError>),
     // Boxed: a part is large, and a lead is handed on once per call.
-    Lead(Box<Part>),
+    Lead(Box<(Part, Instant)>),
 }
 
 /// How much one call may carry: the script runs while Redis serves no one
@@ -107,14 +119,23 @@ struct State {
 
 impl Queue {
     /// Parts to send with the leader's `checks`, from the front: live ones,
-    /// within `bounds`.
-    fn take(&self, bounds: BatchBounds, mut checks: usize) -> Vec<Queued> {
+    /// within `bounds`. Parts past their deadline are answered with a
+    /// timeout (`timeout` names the bound).
+    fn take(&self, bounds: BatchBounds, mut checks: usize, timeout: Duration) -> Vec<Queued> {
+        let now = Instant::now();
         let mut state = self.state.lock();
         let mut batch: Vec<Queued> = Vec::new();
         while let Some(next) = state.waiting.front() {
             if next.answer.is_closed() {
                 // Its request stopped waiting: nothing to decide, nothing to spend.
                 state.waiting.pop_front();
+                continue;
+            }
+            if next.deadline <= now {
+                let late = state.waiting.pop_front().expect("front exists");
+                let _ = late
+                    .answer
+                    .send(Answer::Rows(Err(StoreError::Timeout(timeout))));
                 continue;
             }
             let size = next.part.checks.len();
@@ -128,11 +149,19 @@ impl Queue {
     }
 
     /// The leader's call is over (or abandoned): the first live waiter
-    /// leads the next call, or the queue goes idle.
-    fn pass_lead(&self) {
+    /// within its deadline leads the next call (those past it are answered
+    /// with a timeout, naming `timeout`), or the queue goes idle.
+    fn pass_lead(&self, timeout: Duration) {
+        let now = Instant::now();
         let mut state = self.state.lock();
         while let Some(next) = state.waiting.pop_front() {
-            if next.answer.send(Answer::Lead(Box::new(next.part))).is_ok() {
+            let told = if next.deadline <= now {
+                Answer::Rows(Err(StoreError::Timeout(timeout)))
+            } else {
+                Answer::Lead(Box::new((next.part, next.deadline)))
+            };
+            let leads = matches!(told, Answer::Lead(_));
+            if next.answer.send(told).is_ok() && leads {
                 return;
             }
         }
@@ -142,11 +171,11 @@ impl Queue {
 
 /// Held by the leader: passes the lead on however the call ends, so a
 /// leader whose request gives up cannot stall the queue.
-struct Leading<'a>(&'a Queue);
+struct Leading<'a>(&'a Queue, Duration);
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        self.0.pass_lead();
+        self.0.pass_lead(self.1);
     }
 }
 
@@ -155,12 +184,13 @@ impl Drop for Leading<'_> {
 struct Waiting<'a> {
     queue: &'a Queue,
     answered: Option<oneshot::Receiver<Answer>>,
+    timeout: Duration,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if let Some(Ok(Answer::Lead(_))) = self.answered.as_mut().map(|a| a.try_recv()) {
-            self.queue.pass_lead();
+            self.queue.pass_lead(self.timeout);
         }
     }
 }
@@ -173,8 +203,14 @@ thread_local! {
 
 impl RedisStore {
     /// Decides `part` in `slot`, in a call of its own or together with the
-    /// parts queued beside it (see the module docs).
-    pub(super) async fn decide_part(&self, slot: Slot, part: Part) -> Result<Rows, StoreError> {
+    /// parts queued beside it (see the module docs), by `deadline`.
+    pub(super) async fn decide_part(
+        &self,
+        slot: Slot,
+        part: Part,
+        deadline: Instant,
+    ) -> Result<Rows, StoreError> {
+        let timeout = self.inner.options.timeout;
         let queue = QUEUES.with(|q| {
             q.borrow_mut()
                 .entry((self.inner.id, slot))
@@ -185,39 +221,54 @@ impl RedisStore {
         let lead = {
             let mut state = queue.state.lock();
             if state.in_flight {
-                state.waiting.push_back(Queued { part, answer });
+                state.waiting.push_back(Queued {
+                    part,
+                    deadline,
+                    answer,
+                });
                 None
             } else {
                 state.in_flight = true;
                 Some(part)
             }
         };
-        let part = match lead {
-            Some(part) => part,
+        let (part, deadline) = match lead {
+            Some(part) => (part, deadline),
             None => {
+                // No timer here: the calls ahead answer it by its deadline.
                 let mut waiting = Waiting {
                     queue: &queue,
                     answered: Some(answered),
+                    timeout,
                 };
                 let told = waiting.answered.as_mut().expect("set above").await;
                 waiting.answered = None;
                 match told {
                     Ok(Answer::Rows(rows)) => return rows,
-                    Ok(Answer::Lead(part)) => *part,
+                    Ok(Answer::Lead(lead)) => *lead,
                     // The call carrying it was abandoned by its sender.
-                    Err(_) => return Err(StoreError::Timeout(self.inner.options.timeout)),
+                    Err(_) => return Err(StoreError::Timeout(timeout)),
                 }
             }
         };
-        let _leading = Leading(&queue);
-        let others = queue.take(self.inner.options.batch, part.checks.len());
+        let _leading = Leading(&queue, timeout);
+        let others = queue.take(self.inner.options.batch, part.checks.len(), timeout);
+        // The call's one timer: the earliest deadline of its parts.
+        let until = others
+            .iter()
+            .map(|q| q.deadline)
+            .fold(deadline, Instant::min);
         let reply = {
             let mut parts: SmallVec<[&Part; 8]> = SmallVec::with_capacity(others.len() + 1);
             parts.push(&part);
             parts.extend(others.iter().map(|q| &q.part));
             // Boxed: the client's future is large, and every request's
             // future would carry (and move) it; only a leader sends.
-            Box::pin(self.send(&parts)).await
+            let call = Box::pin(self.send(&parts));
+            match tokio::time::timeout_at(until, call).await {
+                Ok(reply) => reply,
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            }
         };
         deliver(part.checks.len(), others, reply)
     }

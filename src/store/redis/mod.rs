@@ -460,14 +460,14 @@ impl RedisStore {
         {
             return Ok(());
         }
-        // One bound for the decision: connecting (first use, or after an
-        // outage) and the script calls. A refusal is final once decided: the
-        // Cluster refund runs after, under its own bound, so a slow refund
-        // can never turn a refusal into a failure-mode admission.
-        let timeout = self.inner.options.timeout;
-        let result = tokio::time::timeout(timeout, self.call(checks, now))
-            .await
-            .unwrap_or(Err(StoreError::Timeout(timeout)));
+        // One bound for the decision, from now: connecting (first use, or
+        // after an outage) and the script calls. The coalescer holds each
+        // request to it (see coalesce.rs) with one timer per script call, not
+        // one per request. A refusal is final once decided: the Cluster
+        // refund runs after, under its own bound, so a slow refund can never
+        // turn a refusal into a failure-mode admission.
+        let deadline = tokio::time::Instant::now() + self.inner.options.timeout;
+        let result = self.call(checks, now, deadline).await;
         match result {
             Ok(groups) => {
                 self.inner.failures.store(0, Ordering::Relaxed);
@@ -543,6 +543,7 @@ impl RedisStore {
         &self,
         checks: &mut [Check],
         now: Nanos,
+        deadline: tokio::time::Instant,
     ) -> Result<SmallVec<[(Slot, Group); 2]>, StoreError> {
         let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
         let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
@@ -602,14 +603,14 @@ impl RedisStore {
         if let [(slot, group)] = groups.as_slice() {
             // One slot (always, on a standalone Redis): no futures to gather.
             let rows = self
-                .decide_part(*slot, self.part(group, checks, now, true))
+                .decide_part(*slot, self.part(group, checks, now, true), deadline)
                 .await?;
             fill(checks, group, rows);
             return Ok(groups);
         }
-        let calls = groups
-            .iter()
-            .map(|(slot, group)| self.decide_part(*slot, self.part(group, checks, now, true)));
+        let calls = groups.iter().map(|(slot, group)| {
+            self.decide_part(*slot, self.part(group, checks, now, true), deadline)
+        });
         let replies = join_all(calls).await;
         for ((_, group), rows) in groups.iter().zip(replies) {
             fill(checks, group, rows?);
@@ -723,17 +724,18 @@ impl RedisStore {
         // As on one slot (and in memory), the admitted checks of a refused
         // request report what is left without it: read once more, spending
         // nothing, now that the refund is in.
+        let deadline = tokio::time::Instant::now() + timeout;
         let rereads =
             groups
                 .iter()
                 .filter(|(_, g)| !g.refused_here(ro))
                 .map(|(slot, group)| async move {
                     let rows = self
-                        .decide_part(*slot, self.part(group, ro, now, false))
+                        .decide_part(*slot, self.part(group, ro, now, false), deadline)
                         .await?;
                     Ok::<_, StoreError>((group, rows))
                 });
-        let Ok(rereads) = tokio::time::timeout(timeout, join_all(rereads)).await else {
+        let Ok(rereads) = tokio::time::timeout_at(deadline, join_all(rereads)).await else {
             return;
         };
         for (group, rows) in rereads.into_iter().flatten() {
