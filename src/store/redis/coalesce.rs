@@ -229,11 +229,13 @@ impl RedisStore {
                 None
             } else {
                 state.in_flight = true;
-                Some(part)
+                // Boxed, as a lead handed on is: a part is large, and every
+                // request's future would hold a place for each move of it.
+                Some(Box::new((part, deadline)))
             }
         };
-        let (part, deadline) = match lead {
-            Some(part) => (part, deadline),
+        let lead = match lead {
+            Some(lead) => lead,
             None => {
                 // No timer here: the calls ahead answer it by its deadline.
                 let mut waiting = Waiting {
@@ -245,27 +247,29 @@ impl RedisStore {
                 waiting.answered = None;
                 match told {
                     Ok(Answer::Rows(rows)) => return rows,
-                    Ok(Answer::Lead(lead)) => *lead,
+                    Ok(Answer::Lead(lead)) => lead,
                     // The call carrying it was abandoned by its sender.
                     Err(_) => return Err(StoreError::Timeout(timeout)),
                 }
             }
         };
+        let (part, deadline) = &*lead;
         let _leading = Leading(&queue, timeout);
         let others = queue.take(self.inner.options.batch, part.checks.len(), timeout);
         // The call's one timer: the earliest deadline of its parts.
         let until = others
             .iter()
             .map(|q| q.deadline)
-            .fold(deadline, Instant::min);
+            .fold(*deadline, Instant::min);
         let reply = {
             let mut parts: SmallVec<[&Part; 8]> = SmallVec::with_capacity(others.len() + 1);
-            parts.push(&part);
+            parts.push(part);
             parts.extend(others.iter().map(|q| &q.part));
-            // Boxed: the client's future is large, and every request's
-            // future would carry (and move) it; only a leader sends.
-            let call = Box::pin(self.send(&parts));
-            match tokio::time::timeout_at(until, call).await {
+            // Boxed with its timer: the client's future is large, and every
+            // request's future would carry (and move) both; only a leader
+            // sends.
+            let call = Box::pin(tokio::time::timeout_at(until, self.send(&parts)));
+            match call.await {
                 Ok(reply) => reply,
                 Err(_) => Err(StoreError::Timeout(timeout)),
             }
