@@ -22,6 +22,7 @@ use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limi
 use crate::rules::Unit;
 
 mod server;
+mod wire;
 
 pub use server::UnaryBody;
 
@@ -60,6 +61,12 @@ impl RateLimitService for RlsService {
 impl RlsService {
     /// Decides one request: the answer, or the gRPC status to fail it with.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        self.decision(request).await.map(to_proto)
+    }
+
+    /// Decides one request: the decision (to answer with), or the gRPC
+    /// status to fail it with.
+    async fn decision(&self, request: &RateLimitRequest) -> Result<Decision, Status> {
         let domain_request = to_domain(request)?;
         let decided = match self.limiter.decide_now(&domain_request) {
             Some(decided) => decided,
@@ -72,7 +79,7 @@ impl RlsService {
                 if let Some(candidate) = &self.candidate {
                     candidate.observe(&domain_request, decision.over_limit);
                 }
-                Ok(to_proto(decision))
+                Ok(decision)
             }
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),

@@ -15,11 +15,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use prost::Message;
 use tonic::Status;
 
-use super::RlsService;
+use super::{RlsService, wire};
+use crate::limiter::Decision;
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxReply = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
@@ -97,8 +98,8 @@ where
                     ))));
                 }
             };
-            Ok(match service.decide(&request).await {
-                Ok(response) => ok_reply(&response),
+            Ok(match service.decision(&request).await {
+                Ok(decision) => ok_reply(&decision),
                 Err(status) => status_reply(&status),
             })
         })
@@ -154,14 +155,12 @@ fn too_large(bytes: usize, max: usize) -> Status {
 }
 
 /// An answer: one data frame with the message, then `grpc-status: 0`.
-fn ok_reply(response: &RateLimitResponse) -> Reply {
-    let len = response.encoded_len();
+fn ok_reply(decision: &Decision) -> Reply {
+    let len = wire::encoded_len(decision);
     let mut frame = Vec::with_capacity(5 + len);
     frame.push(0);
     frame.extend_from_slice(&(len as u32).to_be_bytes());
-    response
-        .encode(&mut frame)
-        .expect("a Vec grows to hold any message");
+    wire::encode(decision, &mut frame);
     let mut reply = http::Response::new(tonic::body::Body::new(UnaryBody::new(frame.into())));
     reply.headers_mut().insert(
         http::header::CONTENT_TYPE,
