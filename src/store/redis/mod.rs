@@ -12,7 +12,8 @@
 //! calls of concurrent requests on a worker are pipelined on one connection
 //! with no cross-thread hops. They reconnect by themselves.
 //!
-//! **Failure**: every call has a timeout. After `breaker_threshold` failures in
+//! **Failure**: every request has a deadline, `timeout` from when it asks
+//! (see coalesce.rs for how queued requests keep it). After `breaker_threshold` failures in
 //! a row the store stops calling Redis (each decision fails at once, and the
 //! limiter answers from the failure modes) and probes Redis in the background
 //! until it answers. The outage and the recovery are logged once each.
