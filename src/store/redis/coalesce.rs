@@ -29,7 +29,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use redis::Value;
