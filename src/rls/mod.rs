@@ -158,6 +158,16 @@ pub fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Sta
     })
 }
 
+/// A decision's or a status's code. Envoy treats every code but OVER_LIMIT
+/// as OK, so it is always one of the two, never UNKNOWN.
+fn code(over_limit: bool) -> Code {
+    if over_limit {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
 fn duration(n: Nanos) -> PbDuration {
     PbDuration {
         seconds: (n / NANOS_PER_SEC) as i64,
@@ -166,14 +176,13 @@ fn duration(n: Nanos) -> PbDuration {
 }
 
 pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
-    let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
     RateLimitResponse {
-        overall_code: code(decision.over_limit),
+        overall_code: code(decision.over_limit) as i32,
         statuses: decision
             .statuses
             .into_iter()
             .map(|s| DescriptorStatus {
-                code: code(s.over_limit),
+                code: code(s.over_limit) as i32,
                 limit_remaining: s.remaining,
                 duration_until_reset: s.limit.as_ref().map(|_| duration(s.reset)),
                 current_limit: s.limit.map(|l| RateLimit {

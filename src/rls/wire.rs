@@ -1,25 +1,25 @@
 //! A decision written straight to the wire as a `RateLimitResponse`.
 //!
-//! Building the prost message first costs a vector per response, a string
-//! per limit name and header, and a length computed twice per nested
-//! message, all dropped once encoded: on the memory store about as much as
-//! the decision itself. This writes the same bytes prost writes for
+//! Building the prost message first costs a vector per response and a
+//! string per limit name and header, all dropped once encoded, and prost
+//! computes a nested message's length again at every level above it: on the
+//! memory store about as much as the decision itself. This writes the same bytes prost writes for
 //! [`super::to_proto`] (fields in number order, proto3 defaults left out;
 //! a test compares the two on generated decisions), from the decision as it
 //! is.
 
-use crate::clock::{NANOS_PER_SEC, Nanos};
+use crate::clock::Nanos;
 use crate::limiter::{AppliedLimit, Decision, Status};
 
-use super::unit_to_proto;
+use super::{duration, unit_to_proto};
 
 /// Wire types.
 const VARINT: u8 = 0;
 const LEN: u8 = 2;
 
-/// `RateLimitResponse.Code`.
+/// `RateLimitResponse.Code`, as a varint.
 fn code(over_limit: bool) -> u64 {
-    if over_limit { 2 } else { 1 }
+    super::code(over_limit) as u64
 }
 
 fn varint_len(v: u64) -> usize {
@@ -85,9 +85,11 @@ fn limit_len(l: &AppliedLimit) -> usize {
         + string_field_len(&l.name)
 }
 
-/// `google.protobuf.Duration`: seconds = 1, nanos = 2.
+/// `google.protobuf.Duration`: seconds = 1, nanos = 2 (both from a
+/// `Nanos`, so never negative).
 fn duration_parts(n: Nanos) -> (u64, u64) {
-    (n / NANOS_PER_SEC, n % NANOS_PER_SEC)
+    let d = duration(n);
+    (d.seconds as u64, d.nanos as u64)
 }
 
 fn duration_len(n: Nanos) -> usize {
@@ -95,14 +97,24 @@ fn duration_len(n: Nanos) -> usize {
     varint_field_len(seconds) + varint_field_len(nanos)
 }
 
+/// A status's limit with the lengths of its two messages: the limit's and
+/// the reset's (sent with a limit only, as `to_proto` does).
+type Nested<'a> = Option<(&'a AppliedLimit, usize, usize)>;
+
+fn nested(s: &Status) -> Nested<'_> {
+    s.limit
+        .as_ref()
+        .map(|l| (l, limit_len(l), duration_len(s.reset)))
+}
+
 /// `DescriptorStatus`: code = 1, current_limit = 2, limit_remaining = 3,
-/// duration_until_reset = 4 (with a limit only, as `to_proto`).
-fn status_len(s: &Status) -> usize {
-    let mut len = varint_field_len(code(s.over_limit)) + varint_field_len(u64::from(s.remaining));
-    if let Some(l) = &s.limit {
-        len += len_field_len(limit_len(l)) + len_field_len(duration_len(s.reset));
-    }
-    len
+/// duration_until_reset = 4.
+fn status_len(s: &Status, nested: Nested<'_>) -> usize {
+    varint_field_len(code(s.over_limit))
+        + varint_field_len(u64::from(s.remaining))
+        + nested.map_or(0, |(_, limit, reset)| {
+            len_field_len(limit) + len_field_len(reset)
+        })
 }
 
 /// `HeaderValue`: key = 1, value = 2.
@@ -115,7 +127,7 @@ pub(crate) fn encoded_len(d: &Decision) -> usize {
     varint_field_len(code(d.over_limit))
         + d.statuses
             .iter()
-            .map(|s| len_field_len(status_len(s)))
+            .map(|s| len_field_len(status_len(s, nested(s))))
             .sum::<usize>()
         + d.headers
             .iter()
@@ -128,17 +140,19 @@ pub(crate) fn encoded_len(d: &Decision) -> usize {
 pub(crate) fn encode(d: &Decision, out: &mut Vec<u8>) {
     put_varint_field(out, 1, code(d.over_limit));
     for s in &d.statuses {
-        put_len_header(out, 2, status_len(s));
+        // Each nested length once per status.
+        let nested = nested(s);
+        put_len_header(out, 2, status_len(s, nested));
         put_varint_field(out, 1, code(s.over_limit));
-        if let Some(l) = &s.limit {
-            put_len_header(out, 2, limit_len(l));
+        if let Some((l, limit_len, _)) = nested {
+            put_len_header(out, 2, limit_len);
             put_varint_field(out, 1, u64::from(l.requests_per_unit));
             put_varint_field(out, 2, unit_to_proto(l.unit) as u64);
             put_string_field(out, 3, &l.name);
         }
         put_varint_field(out, 3, u64::from(s.remaining));
-        if s.limit.is_some() {
-            put_len_header(out, 4, duration_len(s.reset));
+        if let Some((_, _, reset_len)) = nested {
+            put_len_header(out, 4, reset_len);
             let (seconds, nanos) = duration_parts(s.reset);
             put_varint_field(out, 1, seconds);
             put_varint_field(out, 2, nanos);
@@ -159,6 +173,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::clock::NANOS_PER_SEC;
     use crate::limiter::LimitStatus;
     use crate::rules::Unit;
 
