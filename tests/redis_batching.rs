@@ -40,13 +40,18 @@ fn instance(redis: &RedisServer, clock: &ManualClock) -> Limiter {
 
 /// A Tollgate instance on `rules` (one file's text).
 fn instance_with(redis: &RedisServer, clock: &ManualClock, rules: &str) -> Limiter {
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_secs(2);
+    instance_on(options, clock, rules)
+}
+
+/// A Tollgate instance on `rules` (one file's text) with the Redis `options`.
+fn instance_on(options: RedisOptions, clock: &ManualClock, rules: &str) -> Limiter {
     let rules = load_sources(
         &[(PathBuf::from("l.yaml"), rules.into())],
         &LoadOptions::default(),
     )
     .expect("rules");
-    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
-    options.timeout = Duration::from_secs(2);
     let store = Store::Redis(RedisStore::new(options).expect("store"));
     let options = LimiterOptions {
         unavailable_on_store_error: true,
@@ -173,23 +178,10 @@ async fn stalling_instance(
     clock: &ManualClock,
     batch: BatchBounds,
 ) -> Limiter {
-    let rules = load_sources(
-        &[(PathBuf::from("l.yaml"), RULES.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
     let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
     options.timeout = Duration::from_millis(100);
     options.batch = batch;
-    let limiter = Limiter::new(
-        rules,
-        Store::Redis(RedisStore::new(options).expect("store")),
-        Arc::new(clock.clone()),
-        LimiterOptions {
-            unavailable_on_store_error: true,
-            ..LimiterOptions::default()
-        },
-    );
+    let limiter = instance_on(options, clock, RULES);
     // Connect and load the script first.
     assert!(admitted(&limiter, &[&[("gate", "warm")]], 1).await == 1);
     limiter
