@@ -13,6 +13,7 @@
 //!   time passed in.
 //! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
 //! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
+//! - [`logging`]: log output; calls refused at the HTTP/2 level, counted.
 //! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
@@ -24,6 +25,7 @@ pub mod calendar;
 pub mod candidate;
 pub mod clock;
 pub mod limiter;
+pub mod logging;
 pub mod metrics;
 pub mod reload;
 pub mod rlqs;

@@ -5,10 +5,34 @@ use std::process::ExitCode;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use tollgate::rules::load_paths;
-use tollgate::settings::{CheckArgs, Cli, Command, LogFormat, ServeArgs, unknown_env};
+use tollgate::settings::{
+    CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, ServeArgs, unknown_env,
+};
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    // Run as `ratelimit` (Envoy Gateway's `/bin/ratelimit`, a link to this
+    // binary), it is the reference's binary: `serve`, configured by the
+    // reference's defaults and variables.
+    let as_reference = std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            std::path::Path::new(&arg0)
+                .file_name()
+                .map(|n| n == REFERENCE_PROGRAM)
+        })
+        .unwrap_or(false);
+    let matches = if as_reference {
+        if std::env::args_os().len() > 1 {
+            eprintln!(
+                "{REFERENCE_PROGRAM}: takes no arguments (it is configured by envoyproxy/ratelimit's \
+                 environment variables); run `tollgate serve --help` for Tollgate's flags"
+            );
+            return ExitCode::FAILURE;
+        }
+        Cli::command().get_matches_from(["tollgate", "serve"])
+    } else {
+        Cli::command().get_matches()
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -36,6 +60,9 @@ fn main() -> ExitCode {
                     unknown.join(", ")
                 );
                 return ExitCode::FAILURE;
+            }
+            if as_reference {
+                args.reference_defaults(&explicit);
             }
             if let Err(e) = args.apply_reference_env(&|name| std::env::var(name).ok(), &explicit) {
                 eprintln!("tollgate: {e}; not starting");
@@ -81,23 +108,9 @@ fn check(args: CheckArgs) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
-        Ok(filter) => filter,
-        Err(e) => {
-            eprintln!(
-                "tollgate: invalid log level '{}': {e}; not starting",
-                args.log_level
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match args.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
+    if let Err(e) = tollgate::logging::init(&args.log_level, args.log_format == LogFormat::Json) {
+        eprintln!("tollgate: {e}; not starting");
+        return ExitCode::FAILURE;
     }
     match tollgate::server::start(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -307,6 +307,13 @@ impl Metrics {
                 value.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_grpc_protocol_errors_total gRPC streams and connections refused at the HTTP/2 protocol level (Envoy applies its failure_mode_deny to them).\n\
+             # TYPE tollgate_grpc_protocol_errors_total counter\n\
+             tollgate_grpc_protocol_errors_total {}",
+            crate::logging::refused_total()
+        );
         self.store_call.write(
             &mut out,
             "tollgate_store_call_seconds",

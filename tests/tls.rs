@@ -5,96 +5,17 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use common::tls::Pki;
+use common::tls::{Pki, client_config, tls_call};
 use common::{Tollgate, request};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use prost::Message;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 const RULES: &str = "domain: t
 descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 2}
 ";
-
-fn client_config(pki: &Pki, ca: &str, client: Option<&str>) -> rustls::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(pki.pem(ca)).expect("ca") {
-        roots.add(cert.expect("ca cert")).expect("root");
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots);
-    let mut config = match client {
-        Some(name) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.pem(name))
-                .expect("client cert")
-                .map(|c| c.expect("cert"))
-                .collect();
-            let key = PrivateKeyDer::from_pem_file(pki.key(name)).expect("client key");
-            builder
-                .with_client_auth_cert(chain, key)
-                .expect("client auth")
-        }
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    config
-}
-
-/// One ShouldRateLimit call over TLS; `Err` when the connection or the
-/// handshake fails.
-async fn tls_call(
-    addr: SocketAddr,
-    config: rustls::ClientConfig,
-) -> Result<RateLimitResponse, String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let name = ServerName::try_from("127.0.0.1").expect("name");
-    let tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let message = request("t", &[&[("user", "ann")]]).encode_to_vec();
-    let mut body = vec![0u8];
-    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    body.extend_from_slice(&message);
-    let req = http::Request::post(format!(
-        "https://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(Full::new(Bytes::from(body)))
-    .expect("request");
-    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    if bytes.len() < 5 {
-        return Err(format!("no message: {bytes:?}"));
-    }
-    RateLimitResponse::decode(&bytes[5..]).map_err(|e| e.to_string())
-}
 
 /// `curl` against the admin port over TLS; the HTTP status, or 0 when the
 /// TLS handshake failed.

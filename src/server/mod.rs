@@ -40,7 +40,14 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Binds `workers` listeners on `addr` with `SO_REUSEPORT`. With port 0 the
 /// first gets a free port and the others share it.
+///
+/// A port some other process listens on is refused (`AddrInUse`), even when
+/// that process is another Tollgate: `SO_REUSEPORT` would otherwise let the
+/// two split the traffic, each counting its half of every limit in memory.
 pub fn bind_grpc(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() != 0 {
+        ensure_port_free(addr)?;
+    }
     let mut listeners = Vec::with_capacity(workers.max(1));
     let mut addr = addr;
     for _ in 0..workers.max(1) {
@@ -55,6 +62,25 @@ pub fn bind_grpc(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::n
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// Fails with `AddrInUse` when a socket listens on `addr` already: a socket
+/// bound without `SO_REUSEPORT` cannot share a port with a listener, whatever
+/// options the listener set (`SO_REUSEADDR` lets it pass connections left in
+/// TIME_WAIT by an earlier run).
+fn ensure_port_free(addr: SocketAddr) -> std::io::Result<()> {
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(
+                e.kind(),
+                "address already in use (another process, perhaps another tollgate, listens on it)",
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// Everything `run` serves.
@@ -77,6 +103,8 @@ pub struct Serve {
     pub limits: ConnectionLimits,
     /// TLS for gRPC and admin HTTP (`None`: plaintext).
     pub tls: Option<Arc<Tls>>,
+    /// Whether the admin listeners use `tls` too.
+    pub admin_tls: bool,
 }
 
 /// Serves until `shutdown` completes; then reports unhealthy for
@@ -96,6 +124,7 @@ pub fn run(
         shutdown_delay,
         limits,
         tls,
+        admin_tls,
     } = serve;
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
@@ -149,7 +178,7 @@ pub fn run(
                 listener,
                 router,
                 limits.clone(),
-                tls.clone(),
+                tls.clone().filter(|_| admin_tls),
                 stop_rx.clone(),
             )));
         }

@@ -141,6 +141,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             admin_timeout: args.admin_timeout,
         },
         tls,
+        admin_tls: args.admin_tls == OnOff::On,
     };
     super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
 }

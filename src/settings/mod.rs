@@ -7,9 +7,15 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod redis_url;
 mod reference;
+mod reference_vars;
+mod unknown;
 
-pub use reference::{RedisUrl, unknown_env};
+pub use redis_url::RedisUrl;
+pub use reference::REFERENCE_PROGRAM;
+pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
+pub use unknown::unknown_env;
 
 use crate::algorithm::Algorithm;
 use crate::calendar::Zone;
@@ -201,6 +207,12 @@ pub struct ServeArgs {
     /// (mutual TLS), on gRPC and admin alike. Needs --tls-cert.
     #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// Whether the admin listeners serve TLS too when --tls-cert is given
+    /// (`off`: TLS on gRPC only, as the reference's GRPC_SERVER_USE_TLS does,
+    /// so plain HTTP health probes keep working).
+    #[arg(long, env = "TOLLGATE_ADMIN_TLS", value_enum, default_value_t = OnOff::On)]
+    pub admin_tls: OnOff,
 
     /// Most metric label sets made from request keys or values (limits sent
     /// in requests, `detailed_metric`); past it hits count in one overflow series.

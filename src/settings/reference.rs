@@ -1,12 +1,11 @@
 //! The reference service's environment variables, so an existing
-//! envoyproxy/ratelimit Deployment can switch its image, and the check that
-//! refuses unknown `TOLLGATE_*` variables.
+//! envoyproxy/ratelimit Deployment can switch its image.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use super::redis_url::{RedisUrl, reference_redis_url};
 use super::{LogFormat, OnOff, ServeArgs, StoreKind};
-use crate::store::redis::redact;
 
 /// Takes a reference variable's value for one of our settings: a value that
 /// contradicts an explicitly set flag stops start-up naming both; otherwise
@@ -25,38 +24,6 @@ fn adopt<T: PartialEq>(
     }
     *field = value;
     Ok(())
-}
-
-/// Percent-encodes a URL's user or password part (RFC 3986 unreserved
-/// characters stay), so `@`, `/`, `#` or `:` in a password cannot end it.
-fn userinfo_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// A Redis URL for a reference-style `host:port` and `REDIS_AUTH`, which is
-/// `password` or `user:password` (split at the first colon).
-fn reference_redis_url(scheme: &str, node: &str, auth: Option<&str>) -> String {
-    let node = node.trim();
-    let bare = node.split_once("://").map_or(node, |(_, rest)| rest);
-    match auth {
-        None => format!("{scheme}://{bare}"),
-        Some(auth) => match auth.split_once(':') {
-            Some((user, password)) => format!(
-                "{scheme}://{}:{}@{bare}",
-                userinfo_escape(user),
-                userinfo_escape(password)
-            ),
-            None => format!("{scheme}://:{}@{bare}", userinfo_escape(auth)),
-        },
-    }
 }
 
 impl ServeArgs {
@@ -78,6 +45,7 @@ impl ServeArgs {
             }
         };
         let on_off = |on: bool| if on { OnOff::On } else { OnOff::Off };
+        super::reference_vars::refused_vars(env)?;
 
         if let Some(addr) = listen_addr(env, "GRPC_HOST", "GRPC_PORT")? {
             let explicit = explicit("grpc_addr");
@@ -90,8 +58,8 @@ impl ServeArgs {
             )?;
         }
         let mut admin = Vec::new();
-        for name in ["PORT", "DEBUG_PORT"] {
-            if let Some(addr) = listen_addr(env, "HOST", name)?
+        for (host, port) in [("HOST", "PORT"), ("DEBUG_HOST", "DEBUG_PORT")] {
+            if let Some(addr) = listen_addr(env, host, port)?
                 && !admin.contains(&addr)
             {
                 admin.push(addr);
@@ -159,10 +127,32 @@ impl ServeArgs {
             }
         };
         if let Some(url) = env("REDIS_URL") {
-            // The reference takes host:port (comma-separated for a cluster).
+            // The reference takes host:port (comma-separated for a cluster),
+            // or a socket path with REDIS_SOCKET_TYPE=unix.
             let tls = truthy("REDIS_TLS")?.unwrap_or(false);
             let auth = env("REDIS_AUTH").filter(|a| !a.is_empty());
-            let scheme = if tls { "rediss" } else { "redis" };
+            let unix = match env("REDIS_SOCKET_TYPE")
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
+                None | Some("" | "tcp") => false,
+                Some("unix") => true,
+                Some(other) => {
+                    return Err(format!("REDIS_SOCKET_TYPE={other}: expected tcp or unix"));
+                }
+            };
+            if unix && (tls || redis_type == Some(StoreKind::RedisCluster)) {
+                return Err(
+                    "REDIS_SOCKET_TYPE=unix: a Unix socket takes neither REDIS_TLS nor REDIS_TYPE=cluster"
+                        .into(),
+                );
+            }
+            let scheme = match (unix, tls) {
+                (true, _) => "redis+unix",
+                (false, true) => "rediss",
+                (false, false) => "redis",
+            };
             let url = url
                 .split(',')
                 .map(|node| reference_redis_url(scheme, node, auth.as_deref()))
@@ -194,6 +184,39 @@ impl ServeArgs {
             size.parse::<u32>()
                 .map_err(|_| format!("REDIS_POOL_SIZE={size}: not a number"))?;
         }
+        if let Some(timeout) = env("REDIS_TIMEOUT").filter(|t| !t.is_empty()) {
+            let timeout = super::parse_duration(&timeout)
+                .map_err(|e| format!("REDIS_TIMEOUT={timeout}: {e}"))?;
+            let explicit = explicit("redis_timeout");
+            adopt(
+                &mut self.redis_timeout,
+                timeout,
+                explicit,
+                "redis-timeout",
+                "REDIS_TIMEOUT",
+            )?;
+        }
+        if let Some(ca) = env("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
+            let explicit = explicit("redis_tls_ca");
+            adopt(
+                &mut self.redis_tls_ca,
+                Some(PathBuf::from(ca)),
+                explicit,
+                "redis-tls-ca",
+                "REDIS_TLS_CACERT",
+            )?;
+        }
+        if let Some(prefix) = env("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+            let explicit = explicit("redis_prefix");
+            adopt(
+                &mut self.redis_prefix,
+                prefix,
+                explicit,
+                "redis-prefix",
+                "CACHE_KEY_PREFIX",
+            )?;
+        }
+        self.apply_reference_tls(env, explicit)?;
         if let Some(on) = truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
             let explicit = explicit("response_headers");
             adopt(
@@ -252,17 +275,12 @@ impl ServeArgs {
         }
         if let Some(root) = env("RUNTIME_ROOT") {
             let sub = env("RUNTIME_SUBDIRECTORY").unwrap_or_default();
-            let rules = vec![PathBuf::from(root).join(sub).join("config")];
+            let app = env("RUNTIME_APPDIRECTORY")
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| "config".into());
+            let rules = vec![PathBuf::from(root).join(sub).join(app)];
             let explicit = explicit("rules");
             adopt(&mut self.rules, rules, explicit, "rules", "RUNTIME_ROOT")?;
-        }
-        if truthy("RUNTIME_WATCH_ROOT")? == Some(false)
-            || truthy("RUNTIME_IGNOREDOTFILES")? == Some(false)
-        {
-            // Accepted: Tollgate always skips dot files and watches the rules path.
-        }
-        if truthy("USE_STATSD")? == Some(true) {
-            return Err("USE_STATSD=true: Tollgate exports Prometheus metrics on /metrics instead of statsd".into());
         }
         if !(0.0..=1.0).contains(&self.near_limit_ratio) {
             return Err(format!(
@@ -274,35 +292,125 @@ impl ServeArgs {
     }
 }
 
-/// A Redis URL, or a comma-separated list of them: it may hold a password,
-/// so `Debug` and `Display` print it redacted; [`RedisUrl::expose`] gives
-/// the real text to the one place that connects.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisUrl(pub String);
+/// The program name under which Tollgate behaves as the reference's
+/// binary (Envoy Gateway runs `/bin/ratelimit` with no arguments).
+pub const REFERENCE_PROGRAM: &str = "ratelimit";
 
-impl RedisUrl {
-    /// The URL with its password, for connecting only.
-    pub fn expose(&self) -> &str {
-        &self.0
+impl ServeArgs {
+    /// Puts the reference's defaults in place of Tollgate's for every
+    /// setting whose flag `explicit(id)` says was not given: what
+    /// `ratelimit` with no arguments does before reading the reference's
+    /// variables. gRPC on 0.0.0.0:8081, HTTP on 0.0.0.0:8080 and
+    /// 0.0.0.0:6070, rules under /srv/runtime_data/current/config, log level
+    /// warn, fixed windows (the reference's only algorithm), no rate limit
+    /// headers, TLS (when set) on gRPC only.
+    pub fn reference_defaults(&mut self, explicit: &dyn Fn(&str) -> bool) {
+        let all = [0, 0, 0, 0];
+        if !explicit("grpc_addr") {
+            self.grpc_addr = SocketAddr::from((all, 8081));
+        }
+        if !explicit("admin_addr") {
+            self.admin_addr = vec![SocketAddr::from((all, 8080)), SocketAddr::from((all, 6070))];
+        }
+        if !explicit("rules") {
+            self.rules = vec![PathBuf::from("/srv/runtime_data/current/config")];
+        }
+        if !explicit("log_level") {
+            self.log_level = "warn".into();
+        }
+        if !explicit("default_algorithm") {
+            self.default_algorithm = super::AlgorithmArg::FixedWindow;
+        }
+        if !explicit("response_headers") {
+            self.response_headers = OnOff::Off;
+        }
+        if !explicit("admin_tls") {
+            self.admin_tls = OnOff::Off;
+        }
     }
-}
 
-impl std::str::FromStr for RedisUrl {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
-    }
-}
-
-impl std::fmt::Debug for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", redact(&self.0))
-    }
-}
-
-impl std::fmt::Display for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&redact(&self.0))
+    /// gRPC TLS from the reference's `GRPC_SERVER_USE_TLS`,
+    /// `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY` and
+    /// `GRPC_CLIENT_TLS_CACERT` (client certificates required when set).
+    fn apply_reference_tls(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        explicit: &dyn Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let on = match env("GRPC_SERVER_USE_TLS")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "false" | "0" | "no") => false,
+            Some("true" | "1" | "yes") => true,
+            Some(other) => {
+                return Err(format!(
+                    "GRPC_SERVER_USE_TLS={other}: expected true or false"
+                ));
+            }
+        };
+        let file = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let (cert, key, ca) = (
+            file("GRPC_SERVER_TLS_CERT"),
+            file("GRPC_SERVER_TLS_KEY"),
+            file("GRPC_CLIENT_TLS_CACERT"),
+        );
+        if !on {
+            if let Some(name) = [
+                ("GRPC_SERVER_TLS_CERT", &cert),
+                ("GRPC_SERVER_TLS_KEY", &key),
+                ("GRPC_CLIENT_TLS_CACERT", &ca),
+            ]
+            .iter()
+            .find_map(|(name, v)| v.is_some().then_some(name))
+            {
+                return Err(format!(
+                    "{name} is set but GRPC_SERVER_USE_TLS is not true: the server would be plaintext"
+                ));
+            }
+            return Ok(());
+        }
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err(
+                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"
+                    .into(),
+            );
+        };
+        adopt(
+            &mut self.tls_cert,
+            Some(cert),
+            explicit("tls_cert"),
+            "tls-cert",
+            "GRPC_SERVER_TLS_CERT",
+        )?;
+        adopt(
+            &mut self.tls_key,
+            Some(key),
+            explicit("tls_key"),
+            "tls-key",
+            "GRPC_SERVER_TLS_KEY",
+        )?;
+        // The reference's TLS is for gRPC only: its HTTP port (health
+        // probes) stays plain.
+        let explicit_admin = explicit("admin_tls");
+        adopt(
+            &mut self.admin_tls,
+            OnOff::Off,
+            explicit_admin,
+            "admin-tls",
+            "GRPC_SERVER_USE_TLS",
+        )?;
+        if ca.is_some() {
+            adopt(
+                &mut self.tls_client_ca,
+                ca,
+                explicit("tls_client_ca"),
+                "tls-client-ca",
+                "GRPC_CLIENT_TLS_CACERT",
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -324,101 +432,4 @@ fn listen_addr(
         .parse()
         .map_err(|_| format!("{host_var}={host}: not an IP address"))?;
     Ok(Some(addr))
-}
-
-/// The `TOLLGATE_*` variables among `names` that Tollgate does not read:
-/// a typo must not silently leave a setting at its default, so any stops
-/// start-up. The known names come from the command line's definition (each
-/// flag's `env`), so the list cannot drift from the flags. Variables the
-/// kubelet injects for a Service whose name starts with `tollgate` (such as
-/// `TOLLGATE_SERVICE_HOST` or `TOLLGATE_PORT_8081_TCP`) are not typos.
-pub fn unknown_env<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<String> {
-    let command = <super::Cli as clap::CommandFactory>::command();
-    let mut known: Vec<String> = command
-        .get_subcommands()
-        .flat_map(|sub| sub.get_arguments())
-        .filter_map(|arg| arg.get_env())
-        .map(|env| env.to_string_lossy().into_owned())
-        .collect();
-    // The tests' pointer to an Envoy binary.
-    known.push("TOLLGATE_ENVOY".into());
-    names
-        .into_iter()
-        .filter(|(name, value)| {
-            name.starts_with("TOLLGATE_")
-                && !known.iter().any(|k| k == name)
-                && !injected_by_kubernetes(name, value)
-        })
-        .map(|(name, _)| name.to_owned())
-        .collect()
-}
-
-/// Whether `name=value` has the shape of a Kubernetes Service variable:
-/// `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<PORT NAME>]`,
-/// `<SVC>_PORT=tcp://…`, `<SVC>_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]`.
-fn injected_by_kubernetes(name: &str, value: &str) -> bool {
-    if name.ends_with("_SERVICE_HOST") || name.contains("_SERVICE_PORT") {
-        return true;
-    }
-    let url_like = ["tcp://", "udp://", "sctp://"]
-        .iter()
-        .any(|scheme| value.starts_with(scheme));
-    if name.ends_with("_PORT") && url_like {
-        return true;
-    }
-    // ..._PORT_<digits>_<TCP|UDP|SCTP>[_SUFFIX]
-    let parts: Vec<&str> = name.split('_').collect();
-    parts.windows(3).any(|w| {
-        w[0] == "PORT"
-            && !w[1].is_empty()
-            && w[1].bytes().all(|b| b.is_ascii_digit())
-            && matches!(w[2], "TCP" | "UDP" | "SCTP")
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_print() {
-        let url = RedisUrl("redis://ann:s3cr%40t@h:6379/0,rediss://:pw@h2:1".into());
-        for shown in [format!("{url}"), format!("{url:?}")] {
-            assert!(!shown.contains("s3cr") && !shown.contains("pw@"), "{shown}");
-            assert!(shown.contains("redis://ann:***@h:6379/0"), "{shown}");
-            assert!(shown.contains("rediss://***@h2:1"), "{shown}");
-        }
-    }
-
-    #[test]
-    fn every_form_of_redis_auth_reaches_redis_intact() {
-        for (auth, user, password) in [
-            ("secret", None, "secret"),
-            ("ann:secret", Some("ann"), "secret"),
-            ("ann:p:a@s/s#w%rd", Some("ann"), "p:a@s/s#w%rd"),
-            ("p@ss/w#rd", None, "p@ss/w#rd"),
-        ] {
-            let url = reference_redis_url("redis", "10.0.0.1:6379", Some(auth));
-            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-                .unwrap_or_else(|e| panic!("{auth}: {e}"));
-            let settings = info.redis_settings();
-            assert_eq!(settings.username(), user, "{auth}");
-            assert_eq!(settings.password(), Some(password), "{auth}");
-            assert!(!redact(&url).contains(password), "{auth}");
-        }
-    }
-
-    #[test]
-    fn every_flag_variable_is_known_and_typos_are_not() {
-        let unknown = unknown_env([
-            ("TOLLGATE_RULES", "x"),
-            ("TOLLGATE_MAX_DESCRIPTORS", "8"),
-            ("TOLLGATE_REDIS_URLL", "x"),
-            ("TOLLGATE_SERVICE_HOST", "10.0.0.1"),
-            ("TOLLGATE_PORT_8081_TCP_ADDR", "10.0.0.1"),
-            ("TOLLGATE_PORT", "tcp://10.0.0.1:8081"),
-            ("TOLLGATE_TIMEOUT", "5s"),
-        ]);
-        assert_eq!(unknown, ["TOLLGATE_REDIS_URLL", "TOLLGATE_TIMEOUT"]);
-    }
 }

@@ -72,8 +72,14 @@ impl Envoy {
                 &format!("port_value: {to} "),
             );
         }
+        Self::start_text(config, &text, admin_port)
+    }
+
+    /// Starts Envoy on the configuration `text`, written to a file named
+    /// `name` (`.yaml` or `.json`); `admin_port` is its admin port.
+    pub fn start_text(name: &str, text: &str, admin_port: u16) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(config);
+        let path = dir.path().join(name);
         std::fs::write(&path, text).expect("write config");
         let child = Command::new(envoy_binary())
             .arg("-c")

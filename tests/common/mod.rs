@@ -27,6 +27,11 @@ pub struct Tollgate {
 impl Tollgate {
     /// Starts the server on `rules` (YAML text) with extra arguments.
     pub fn start(rules: &str, args: &[&str]) -> Self {
+        Self::start_with_env(rules, args, &[])
+    }
+
+    /// As [`Tollgate::start`], with environment variables.
+    pub fn start_with_env(rules: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("rules.yaml");
         std::fs::write(&path, rules).expect("write rules");
@@ -43,8 +48,25 @@ impl Tollgate {
         if !args.contains(&"--admin-addr") {
             command.args(["--admin-addr", "127.0.0.1:0"]);
         }
+        command.args(args).envs(env.iter().copied());
+        Self::spawn(command, dir)
+    }
+
+    /// Starts the binary as envoyproxy/ratelimit's `ratelimit` (a link named
+    /// so, in a directory of its own) with no arguments and `env`, which
+    /// must put the listeners on free ports (`GRPC_PORT`, `PORT`, ...).
+    pub fn start_as_reference(env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let program = dir.path().join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), &program).expect("link");
+        let mut command = Command::new(&program);
+        command.envs(env.iter().copied());
+        Self::spawn(command, dir)
+    }
+
+    /// Runs `command` and waits until it listens.
+    fn spawn(mut command: Command, dir: tempfile::TempDir) -> Self {
         let mut child = command
-            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env("NO_COLOR", "1")

@@ -89,12 +89,15 @@
 //#![cfg_attr(test, feature(test))]
 #![cfg_attr(test, deny(warnings))]
 
+// Tollgate patch: protocol errors are WARN events of one target,
+// `h2::refused`, so the server can count them and log them rate limited
+// (upstream: DEBUG events of each module's target).
 macro_rules! proto_err {
     (conn: $($msg:tt)+) => {
-        tracing::debug!("connection error PROTOCOL_ERROR -- {};", format_args!($($msg)+))
+        tracing::warn!(target: "h2::refused", "connection error PROTOCOL_ERROR -- {};", format_args!($($msg)+))
     };
     (stream: $($msg:tt)+) => {
-        tracing::debug!("stream error PROTOCOL_ERROR -- {};", format_args!($($msg)+))
+        tracing::warn!(target: "h2::refused", "stream error PROTOCOL_ERROR -- {};", format_args!($($msg)+))
     };
 }
 

@@ -1640,6 +1640,11 @@ impl Peer {
     }
 }
 
+/// Tollgate patch: the `:authority` of a request whose value is not a URI
+/// authority (so the request's URI has none), as the client sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawAuthority(pub Bytes);
+
 impl proto::Peer for Peer {
     type Poll = Request<()>;
 
@@ -1666,7 +1671,7 @@ impl proto::Peer for Peer {
 
         macro_rules! malformed {
             ($($arg:tt)*) => {{
-                tracing::debug!($($arg)*);
+                tracing::warn!(target: "h2::refused", $($arg)*);
                 return Err(Error::library_reset(stream_id, Reason::PROTOCOL_ERROR));
             }}
         }
@@ -1700,15 +1705,19 @@ impl proto::Peer for Peer {
 
         // A request translated from HTTP/1 must not include the :authority
         // header
+        //
+        // Tollgate patch: an :authority that is not a URI authority is
+        // dropped instead of resetting the stream, as Go's gRPC server does.
+        // Envoy sends its cluster name there when the gRPC service sets no
+        // `authority` (Istio's `outbound|8081||name.ns.svc.cluster.local`),
+        // and an empty one is legal HTTP/2. The raw value stays readable as
+        // the `RawAuthority` extension.
+        let mut raw_authority = None;
         if let Some(authority) = pseudo.authority {
-            let maybe_authority = uri::Authority::from_maybe_shared(authority.clone().into_inner());
-            parts.authority = Some(maybe_authority.or_else(|why| {
-                malformed!(
-                    "malformed headers: malformed authority ({:?}): {}",
-                    authority,
-                    why,
-                )
-            })?);
+            match uri::Authority::from_maybe_shared(authority.clone().into_inner()) {
+                Ok(parsed) => parts.authority = Some(parsed),
+                Err(_) => raw_authority = Some(RawAuthority(authority.into_inner())),
+            }
         }
 
         // A :scheme is required, except CONNECT.
@@ -1766,6 +1775,9 @@ impl proto::Peer for Peer {
         };
 
         *request.headers_mut() = fields;
+        if let Some(raw) = raw_authority {
+            request.extensions_mut().insert(raw);
+        }
 
         Ok(request)
     }

@@ -1,0 +1,559 @@
+//! Every environment variable envoyproxy/ratelimit reads
+//! (`src/settings/settings.go`), and what Tollgate does with each: none is
+//! silently ignored. A variable is honoured (mapped to a Tollgate setting in
+//! `reference.rs`), accepted with no effect for a stated reason, or refused
+//! at start-up, by name, when it asks for something Tollgate does not do.
+
+/// What Tollgate does with one reference variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling {
+    /// Mapped to the Tollgate setting named here.
+    Honoured(&'static str),
+    /// Accepted with no effect, for this reason.
+    NoEffect(&'static str),
+    /// Refused at start-up (with this reason) unless its value is one of
+    /// `harmless` (compared case-insensitively; empty is always harmless).
+    Refused {
+        /// Values that ask for nothing Tollgate lacks.
+        harmless: &'static [&'static str],
+        /// Why other values are refused.
+        why: &'static str,
+    },
+}
+
+/// One reference variable.
+#[derive(Debug, Clone, Copy)]
+pub struct ReferenceVar {
+    /// Its name.
+    pub name: &'static str,
+    /// What Tollgate does with it.
+    pub handling: Handling,
+}
+
+const fn honoured(name: &'static str, setting: &'static str) -> ReferenceVar {
+    ReferenceVar {
+        name,
+        handling: Handling::Honoured(setting),
+    }
+}
+
+const fn no_effect(name: &'static str, why: &'static str) -> ReferenceVar {
+    ReferenceVar {
+        name,
+        handling: Handling::NoEffect(why),
+    }
+}
+
+const fn refused(
+    name: &'static str,
+    harmless: &'static [&'static str],
+    why: &'static str,
+) -> ReferenceVar {
+    ReferenceVar {
+        name,
+        handling: Handling::Refused { harmless, why },
+    }
+}
+
+const FALSE: &[&str] = &["false", "0", "no"];
+const POOLS: &str =
+    "Tollgate multiplexes one connection per worker and batches requests into script calls itself";
+const MEMCACHE: &str = "read only with BACKEND_TYPE=memcache, which Tollgate refuses";
+const NOT_YET: &str = "not supported by Tollgate yet";
+
+/// Every variable of envoyproxy/ratelimit's settings, in its order.
+pub const REFERENCE_VARS: &[ReferenceVar] = &[
+    refused("PROTO", &["tcp"], "Tollgate serves gRPC over TCP"),
+    honoured(
+        "HOST",
+        "--admin-addr HOST:PORT (every admin endpoint answers on each admin address)",
+    ),
+    honoured("PORT", "--admin-addr HOST:PORT"),
+    honoured("DEBUG_HOST", "--admin-addr DEBUG_HOST:DEBUG_PORT"),
+    honoured("DEBUG_PORT", "--admin-addr DEBUG_HOST:DEBUG_PORT"),
+    refused(
+        "GRPC_UDS",
+        &[],
+        "listening on a Unix socket is not supported by Tollgate yet",
+    ),
+    honoured("GRPC_HOST", "--grpc-addr GRPC_HOST:GRPC_PORT"),
+    honoured("GRPC_PORT", "--grpc-addr GRPC_HOST:GRPC_PORT"),
+    refused(
+        "GRPC_MAX_CONNECTION_AGE",
+        &["24h"],
+        "Tollgate closes idle connections (--idle-timeout) but has no maximum connection age",
+    ),
+    refused(
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        &["1h"],
+        "Tollgate has no maximum connection age",
+    ),
+    honoured(
+        "GRPC_SERVER_USE_TLS",
+        "TLS on gRPC only (--admin-tls off), from the two below; TLS files without it stop start-up",
+    ),
+    honoured("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+    honoured("GRPC_SERVER_TLS_KEY", "--tls-key"),
+    honoured("GRPC_CLIENT_TLS_CACERT", "--tls-client-ca"),
+    refused(
+        "GRPC_CLIENT_TLS_SAN",
+        &[],
+        "checking a client certificate's SAN is not supported by Tollgate yet (any certificate from --tls-client-ca is accepted)",
+    ),
+    honoured("LOG_LEVEL", "--log-level"),
+    honoured("LOG_FORMAT", "--log-format"),
+    refused(
+        "CONFIG_TYPE",
+        &["file"],
+        "rules over xDS (GRPC_XDS_SOTW) are not supported by Tollgate yet",
+    ),
+    no_effect(
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW; rule files load before Tollgate listens",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_NODE_ID",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_NODE_METADATA",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_SERVER_URL",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect(
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+    ),
+    no_effect("USE_DOG_STATSD", "read only with USE_STATSD=true"),
+    no_effect(
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "read only with USE_STATSD=true",
+    ),
+    refused(
+        "USE_STATSD",
+        FALSE,
+        "statsd output is not supported by Tollgate yet: scrape /metrics (Prometheus)",
+    ),
+    no_effect("STATSD_HOST", "read only with USE_STATSD=true"),
+    no_effect("STATSD_PORT", "read only with USE_STATSD=true"),
+    no_effect("EXTRA_TAGS", "read only with USE_STATSD=true"),
+    no_effect("STATS_FLUSH_INTERVAL", "read only with USE_STATSD=true"),
+    no_effect(
+        "DISABLE_STATS",
+        "Tollgate's metrics are pulled from /metrics: nothing is sent anywhere",
+    ),
+    refused(
+        "USE_PROMETHEUS",
+        FALSE,
+        "a statsd-mapped Prometheus endpoint is not supported by Tollgate yet: scrape the admin port's /metrics",
+    ),
+    no_effect("PROMETHEUS_ADDR", "read only with USE_PROMETHEUS=true"),
+    no_effect("PROMETHEUS_PATH", "read only with USE_PROMETHEUS=true"),
+    no_effect(
+        "PROMETHEUS_MAPPER_YAML",
+        "read only with USE_PROMETHEUS=true",
+    ),
+    no_effect(
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "read only with USE_PROMETHEUS=true",
+    ),
+    honoured("RUNTIME_ROOT", "--rules ROOT/SUBDIRECTORY/APPDIRECTORY"),
+    honoured(
+        "RUNTIME_SUBDIRECTORY",
+        "--rules ROOT/SUBDIRECTORY/APPDIRECTORY",
+    ),
+    honoured(
+        "RUNTIME_APPDIRECTORY",
+        "--rules ROOT/SUBDIRECTORY/APPDIRECTORY (default config)",
+    ),
+    no_effect(
+        "RUNTIME_IGNOREDOTFILES",
+        "Tollgate always skips files and directories whose name starts with a dot",
+    ),
+    no_effect(
+        "RUNTIME_WATCH_ROOT",
+        "Tollgate watches the rules directory and its subdirectories (--watch-rules)",
+    ),
+    no_effect(
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "Tollgate's keys expire exactly when their window can no longer matter",
+    ),
+    honoured(
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "--over-limit-cache on when above 0",
+    ),
+    honoured("NEAR_LIMIT_RATIO", "--near-limit-ratio"),
+    honoured(
+        "CACHE_KEY_PREFIX",
+        "--redis-prefix (Tollgate's keys differ from the reference's all the same)",
+    ),
+    honoured(
+        "BACKEND_TYPE",
+        "redis accepted (the store follows REDIS_URL); anything else stops start-up",
+    ),
+    no_effect(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "Tollgate never counts a refused request, whatever this says",
+    ),
+    honoured("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),
+    refused(
+        "LIMIT_LIMIT_HEADER",
+        &["ratelimit-limit"],
+        "Tollgate sends the IETF draft's RateLimit and RateLimit-Policy headers",
+    ),
+    refused(
+        "LIMIT_REMAINING_HEADER",
+        &["ratelimit-remaining"],
+        "Tollgate sends the IETF draft's RateLimit and RateLimit-Policy headers",
+    ),
+    refused(
+        "LIMIT_RESET_HEADER",
+        &["ratelimit-reset"],
+        "Tollgate sends the IETF draft's RateLimit and RateLimit-Policy headers",
+    ),
+    refused(
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        FALSE,
+        "Tollgate does not start without loadable rules, so it is never up without them",
+    ),
+    honoured(
+        "REDIS_SOCKET_TYPE",
+        "tcp, or unix: REDIS_URL is a socket path (redis+unix://)",
+    ),
+    honoured(
+        "REDIS_TYPE",
+        "--store: single is redis, cluster is redis-cluster; anything else stops start-up",
+    ),
+    honoured(
+        "REDIS_URL",
+        "--store redis and --redis-url: host:port (comma-separated for a cluster) made into URLs with REDIS_AUTH and REDIS_TLS",
+    ),
+    no_effect("REDIS_POOL_SIZE", POOLS),
+    honoured(
+        "REDIS_AUTH",
+        "the password (or user:password) in --redis-url, escaped",
+    ),
+    honoured("REDIS_TLS", "rediss:// in --redis-url"),
+    refused(
+        "REDIS_TLS_CLIENT_CERT",
+        &[],
+        "client certificates for Redis are not supported by Tollgate yet",
+    ),
+    refused(
+        "REDIS_TLS_CLIENT_KEY",
+        &[],
+        "client certificates for Redis are not supported by Tollgate yet",
+    ),
+    honoured("REDIS_TLS_CACERT", "--redis-tls-ca"),
+    refused(
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        FALSE,
+        "Tollgate always verifies Redis's certificate; give its CA with REDIS_TLS_CACERT",
+    ),
+    no_effect("REDIS_PIPELINE_WINDOW", POOLS),
+    no_effect("REDIS_PIPELINE_LIMIT", POOLS),
+    no_effect("REDIS_CLUSTER_PIPELINE_PARALLELISM", POOLS),
+    refused(
+        "REDIS_PERSECOND",
+        FALSE,
+        "a second Redis for per-second limits is not supported by Tollgate yet",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_SOCKET_TYPE",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_TYPE",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect("REDIS_PERSECOND_URL", "read only with REDIS_PERSECOND=true"),
+    no_effect(
+        "REDIS_PERSECOND_POOL_SIZE",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_AUTH",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect("REDIS_PERSECOND_TLS", "read only with REDIS_PERSECOND=true"),
+    refused(
+        "REDIS_SENTINEL_AUTH",
+        &[],
+        "Redis Sentinel (REDIS_TYPE=sentinel) is not supported by Tollgate yet",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_SENTINEL_AUTH",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    refused(
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        FALSE,
+        "Tollgate stays ready while Redis is down and answers from failure modes; --on-store-error unavailable fails health instead",
+    ),
+    honoured("REDIS_TIMEOUT", "--redis-timeout"),
+    no_effect(
+        "REDIS_PERSECOND_TIMEOUT",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect("REDIS_POOL_ON_EMPTY_BEHAVIOR", POOLS),
+    no_effect(
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        "read only with REDIS_PERSECOND=true",
+    ),
+    no_effect(
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "Tollgate starts while Redis is down (answering from failure modes) and reconnects by itself",
+    ),
+    no_effect(
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "Tollgate starts while Redis is down (answering from failure modes) and reconnects by itself",
+    ),
+    no_effect(
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "Tollgate starts while Redis is down (answering from failure modes) and reconnects by itself",
+    ),
+    no_effect("MEMCACHE_HOST_PORT", MEMCACHE),
+    no_effect("MEMCACHE_MAX_IDLE_CONNS", MEMCACHE),
+    no_effect("MEMCACHE_SRV", MEMCACHE),
+    no_effect("MEMCACHE_SRV_REFRESH", MEMCACHE),
+    no_effect("MEMCACHE_TLS", MEMCACHE),
+    no_effect("MEMCACHE_TLS_CLIENT_CERT", MEMCACHE),
+    no_effect("MEMCACHE_TLS_CLIENT_KEY", MEMCACHE),
+    no_effect("MEMCACHE_TLS_CACERT", MEMCACHE),
+    no_effect("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", MEMCACHE),
+    honoured("SHADOW_MODE", "--shadow-mode"),
+    honoured("QUOTA_MODE", "--quota-mode"),
+    refused(
+        "RESPONSE_DYNAMIC_METADATA",
+        FALSE,
+        "descriptor metadata in the response's dynamic metadata is not supported by Tollgate yet",
+    ),
+    honoured("MERGE_DOMAIN_CONFIG", "--merge-domains"),
+    refused("TRACING_ENABLED", FALSE, NOT_YET),
+    no_effect(
+        "TRACING_SERVICE_NAME",
+        "read only with TRACING_ENABLED=true",
+    ),
+    no_effect(
+        "TRACING_SERVICE_NAMESPACE",
+        "read only with TRACING_ENABLED=true",
+    ),
+    no_effect(
+        "TRACING_SERVICE_INSTANCE_ID",
+        "read only with TRACING_ENABLED=true",
+    ),
+    no_effect(
+        "TRACING_EXPORTER_PROTOCOL",
+        "read only with TRACING_ENABLED=true",
+    ),
+    no_effect(
+        "TRACING_SAMPLING_RATE",
+        "read only with TRACING_ENABLED=true",
+    ),
+];
+
+/// Variables Envoy Gateway sets that the reference itself does not read.
+pub const GATEWAY_ONLY_VARS: &[ReferenceVar] = &[no_effect(
+    "GRPC_SERVER_TLS_CA_CERT",
+    "Envoy Gateway sets it but the reference does not read it (it serves TLS without client certificates unless GRPC_CLIENT_TLS_CACERT is set); Tollgate does the same",
+)];
+
+/// Every set reference variable Tollgate refuses, each with its reason, or
+/// `Ok` when there is none.
+pub(super) fn refused_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let mut refusals = Vec::new();
+    for var in REFERENCE_VARS {
+        let Handling::Refused { harmless, why } = var.handling else {
+            continue;
+        };
+        let Some(value) = env(var.name) else {
+            continue;
+        };
+        let value = value.trim();
+        if value.is_empty() || harmless.iter().any(|h| h.eq_ignore_ascii_case(value)) {
+            continue;
+        }
+        refusals.push(format!("{}={value}: {why}", var.name));
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "envoyproxy/ratelimit setting(s) Tollgate cannot honour: {}",
+            refusals.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's table of every variable: name, and what Tollgate does.
+    fn markdown_table() -> String {
+        let mut out = String::from("| reference variable | Tollgate |\n|---|---|\n");
+        for var in REFERENCE_VARS.iter().chain(GATEWAY_ONLY_VARS) {
+            let what = match var.handling {
+                Handling::Honoured(setting) => format!("honoured: {setting}"),
+                Handling::NoEffect(why) => format!("no effect: {why}"),
+                Handling::Refused { harmless: [], why } => {
+                    format!("refused when set: {why}")
+                }
+                Handling::Refused { harmless, why } => format!(
+                    "refused unless {}: {why}",
+                    harmless
+                        .iter()
+                        .map(|h| format!("`{h}`"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            };
+            out.push_str(&format!("| `{}` | {what} |\n", var.name));
+        }
+        out
+    }
+
+    /// The names in envoyproxy/ratelimit's `src/settings/settings.go`
+    /// (commit f2fb157), in its order.
+    const SETTINGS_GO: &str = "PROTO HOST PORT DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_HOST GRPC_PORT \
+        GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE GRPC_SERVER_USE_TLS GRPC_SERVER_TLS_CERT \
+        GRPC_SERVER_TLS_KEY GRPC_CLIENT_TLS_CACERT GRPC_CLIENT_TLS_SAN LOG_LEVEL LOG_FORMAT CONFIG_TYPE \
+        FORCE_START_WITHOUT_INITIAL_CONFIG CONFIG_GRPC_XDS_NODE_ID CONFIG_GRPC_XDS_NODE_METADATA \
+        CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL \
+        CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS CONFIG_GRPC_XDS_SERVER_USE_TLS \
+        CONFIG_GRPC_XDS_CLIENT_TLS_CERT CONFIG_GRPC_XDS_CLIENT_TLS_KEY CONFIG_GRPC_XDS_SERVER_TLS_CACERT \
+        CONFIG_GRPC_XDS_SERVER_TLS_SAN XDS_CLIENT_BACKOFF_INITIAL_INTERVAL XDS_CLIENT_BACKOFF_MAX_INTERVAL \
+        XDS_CLIENT_BACKOFF_RANDOM_FACTOR XDS_CLIENT_BACKOFF_JITTER XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES \
+        USE_DOG_STATSD USE_DOG_STATSD_MOGRIFIERS USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS \
+        STATS_FLUSH_INTERVAL DISABLE_STATS USE_PROMETHEUS PROMETHEUS_ADDR PROMETHEUS_PATH \
+        PROMETHEUS_MAPPER_YAML PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS RUNTIME_ROOT RUNTIME_SUBDIRECTORY \
+        RUNTIME_APPDIRECTORY RUNTIME_IGNOREDOTFILES RUNTIME_WATCH_ROOT EXPIRATION_JITTER_MAX_SECONDS \
+        LOCAL_CACHE_SIZE_IN_BYTES NEAR_LIMIT_RATIO CACHE_KEY_PREFIX BACKEND_TYPE \
+        STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT LIMIT_RESPONSE_HEADERS_ENABLED LIMIT_LIMIT_HEADER \
+        LIMIT_REMAINING_HEADER LIMIT_RESET_HEADER HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED \
+        REDIS_SOCKET_TYPE REDIS_TYPE REDIS_URL REDIS_POOL_SIZE REDIS_AUTH REDIS_TLS REDIS_TLS_CLIENT_CERT \
+        REDIS_TLS_CLIENT_KEY REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW \
+        REDIS_PIPELINE_LIMIT REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE \
+        REDIS_PERSECOND_TYPE REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH \
+        REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH REDIS_PERSECOND_SENTINEL_AUTH REDIS_PERSECOND_PIPELINE_WINDOW \
+        REDIS_PERSECOND_PIPELINE_LIMIT REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM \
+        REDIS_HEALTH_CHECK_ACTIVE_CONNECTION REDIS_TIMEOUT REDIS_PERSECOND_TIMEOUT \
+        REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR REDIS_STARTUP_INITIAL_INTERVAL \
+        REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS \
+        MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY \
+        MEMCACHE_TLS_CACERT MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION SHADOW_MODE QUOTA_MODE \
+        RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG TRACING_ENABLED TRACING_SERVICE_NAME \
+        TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE";
+
+    #[test]
+    fn every_variable_of_the_reference_has_exactly_one_entry() {
+        let names: Vec<&str> = REFERENCE_VARS.iter().map(|v| v.name).collect();
+        let reference: Vec<&str> = SETTINGS_GO.split_whitespace().collect();
+        assert_eq!(names, reference);
+    }
+
+    #[test]
+    fn the_readme_lists_every_variable_as_the_code_handles_it() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"),
+        )
+        .expect("README");
+        let table = markdown_table();
+        assert!(
+            readme.contains(&table),
+            "README.md's reference variable table is not the code's; put this in it:\n{table}"
+        );
+    }
+
+    #[test]
+    fn refused_values_are_named_with_their_reason_and_harmless_ones_pass() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let quiet = env(&[
+            ("USE_STATSD", "false"),
+            ("CONFIG_TYPE", "FILE"),
+            ("PROTO", "tcp"),
+            ("GRPC_UDS", ""),
+            ("REDIS_POOL_SIZE", "10"),
+        ]);
+        assert_eq!(refused_vars(&quiet), Ok(()));
+        let loud = env(&[
+            ("USE_STATSD", "true"),
+            ("GRPC_UDS", "/tmp/rl.sock"),
+            ("TRACING_ENABLED", "true"),
+        ]);
+        let error = refused_vars(&loud).expect_err("refused");
+        for name in [
+            "USE_STATSD=true",
+            "GRPC_UDS=/tmp/rl.sock",
+            "TRACING_ENABLED=true",
+        ] {
+            assert!(error.contains(name), "{error}");
+        }
+    }
+}
