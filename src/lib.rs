@@ -13,6 +13,7 @@
 //!   time passed in.
 //! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
 //! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
+//! - [`xds`]: rules from an xDS server (Envoy Gateway's way).
 //! - [`logging`]: log output; calls refused at the HTTP/2 level, counted.
 //! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
@@ -35,3 +36,4 @@ pub mod server;
 pub mod settings;
 pub mod simulate;
 pub mod store;
+pub mod xds;

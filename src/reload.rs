@@ -62,12 +62,7 @@ impl Reloader {
     }
 
     fn loaded(&self) {
-        let metrics = self.limiter.metrics();
-        metrics.config_load_success.fetch_add(1, Ordering::Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        metrics.config_last_success.store(now, Ordering::Relaxed);
+        count_load(&self.limiter, true);
     }
 
     /// Loads the rules now. On success they replace the rules in force; on
@@ -88,10 +83,7 @@ impl Reloader {
                 Ok(())
             }
             Err(errors) => {
-                self.limiter
-                    .metrics()
-                    .config_load_error
-                    .fetch_add(1, Ordering::Relaxed);
+                count_load(&self.limiter, false);
                 for e in &errors.0 {
                     tracing::error!(why, paths = ?self.paths, error = %e, "rules not reloaded; the rules in force stay");
                 }
@@ -120,4 +112,19 @@ impl Reloader {
         let _ = self.reload("rule files changed");
         true
     }
+}
+
+/// Counts a rule load (`ok`: it succeeded and is in force now) in the
+/// limiter's metrics, whatever the rules came from.
+pub(crate) fn count_load(limiter: &Limiter, ok: bool) {
+    let metrics = limiter.metrics();
+    if !ok {
+        metrics.config_load_error.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    metrics.config_load_success.fetch_add(1, Ordering::Relaxed);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    metrics.config_last_success.store(now, Ordering::Relaxed);
 }

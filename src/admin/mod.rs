@@ -25,9 +25,35 @@ use crate::store::Store;
 #[derive(Debug, Default)]
 pub struct Health {
     draining: AtomicBool,
+    /// Why the rules are not ready yet (waiting for the first from xDS).
+    rules_pending: parking_lot::Mutex<Option<String>>,
+    /// Whether an empty rule set is a valid state (rules from xDS: the
+    /// server may have none to give).
+    empty_rules_ok: AtomicBool,
+    /// The xDS version of the rules in force.
+    rules_version: parking_lot::Mutex<Option<String>>,
 }
 
 impl Health {
+    /// Rules come from elsewhere (xDS): until [`Health::rules_applied`],
+    /// health fails with `reason`, unless `ready_at_once`; an empty rule
+    /// set is a valid state from now on.
+    pub fn rules_from_server(&self, reason: &str, ready_at_once: bool) {
+        self.empty_rules_ok.store(true, Ordering::SeqCst);
+        *self.rules_pending.lock() = (!ready_at_once).then(|| reason.to_owned());
+    }
+
+    /// Rules of this version (from xDS) are in force.
+    pub fn rules_applied(&self, version: &str) {
+        *self.rules_pending.lock() = None;
+        *self.rules_version.lock() = Some(version.to_owned());
+    }
+
+    /// The xDS version of the rules in force, if they came from xDS.
+    pub fn rules_version(&self) -> Option<String> {
+        self.rules_version.lock().clone()
+    }
+
     /// Marks the instance as shutting down: health checks fail from now on,
     /// so load balancers drain it before it exits.
     pub fn start_draining(&self) {
@@ -47,7 +73,10 @@ impl Health {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
         }
-        if limiter.rules().domain_count() == 0 {
+        if let Some(reason) = self.rules_pending.lock().clone() {
+            return Err(reason);
+        }
+        if limiter.rules().domain_count() == 0 && !self.empty_rules_ok.load(Ordering::SeqCst) {
             return Err("no rules loaded".into());
         }
         let store = match limiter.store() {
@@ -180,7 +209,11 @@ async fn rlqs(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
 }
 
 async fn rlconfig(State(s): State<AdminState>) -> Response {
-    s.limiter.rules().to_string().into_response()
+    let rules = s.limiter.rules().to_string();
+    match s.health.rules_version() {
+        Some(version) => format!("# xDS version: {version}\n{rules}").into_response(),
+        None => rules.into_response(),
+    }
 }
 
 async fn json(State(s): State<AdminState>, body: Bytes) -> Response {

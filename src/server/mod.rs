@@ -105,6 +105,8 @@ pub struct Serve {
     pub tls: Option<Arc<Tls>>,
     /// Whether the admin listeners use `tls` too.
     pub admin_tls: bool,
+    /// Rules from an xDS server (then `reloader` is `None`).
+    pub xds: Option<crate::xds::XdsOptions>,
 }
 
 /// Serves until `shutdown` completes; then reports unhealthy for
@@ -125,6 +127,7 @@ pub fn run(
         limits,
         tls,
         admin_tls,
+        xds,
     } = serve;
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
@@ -204,6 +207,9 @@ pub fn run(
                 ticking.tick().await;
             }
         }));
+        if let Some(xds) = xds {
+            tasks.push(tokio::spawn(crate::xds::run(xds, limiter.clone(), health.clone())));
+        }
         // Renewed certificates are picked up for new connections.
         if let Some(tls) = tls.clone() {
             tasks.push(tokio::spawn(every(TLS_RELOAD_INTERVAL, move || {

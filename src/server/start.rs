@@ -8,7 +8,7 @@ use crate::clock::SystemClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::reload::Reloader;
 use crate::rlqs::{QuotaOptions, Quotas, Unmatched};
-use crate::rules::load_paths;
+use crate::rules::{load_paths, load_sources};
 use crate::settings::{OnOff, OnStoreError, ServeArgs, StoreKind, UnmatchedArg};
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
@@ -17,21 +17,32 @@ use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 /// says what stopped start-up (or the server).
 pub fn start(args: &ServeArgs) -> Result<(), String> {
     let paths = args.rule_paths();
-    let rules = match load_paths(&paths, &args.load_options()) {
-        Ok(rules) => rules,
-        Err(errors) => {
-            return Err(format!(
-                "rules not loaded ({} error(s)); not starting\n{errors}",
-                errors.0.len()
-            ));
+    let xds = args.xds.options(args.load_options())?;
+    let rules = match &xds {
+        // Rules arrive over the stream; until then there are none.
+        Some(xds) => {
+            crate::xds::check(xds).map_err(|e| format!("{e}; not starting"))?;
+            tracing::info!(server = %xds.addr, node = %xds.node_id, "rules from xDS");
+            load_sources(&[], &args.load_options()).map_err(|e| e.to_string())?
         }
+        None => match load_paths(&paths, &args.load_options()) {
+            Ok(rules) => rules,
+            Err(errors) => {
+                return Err(format!(
+                    "rules not loaded ({} error(s)); not starting\n{errors}",
+                    errors.0.len()
+                ));
+            }
+        },
     };
-    tracing::info!(
-        rules = rules.rules().len(),
-        domains = rules.domain_count(),
-        paths = ?paths,
-        "rules loaded"
-    );
+    if xds.is_none() {
+        tracing::info!(
+            rules = rules.rules().len(),
+            domains = rules.domain_count(),
+            paths = ?paths,
+            "rules loaded"
+        );
+    }
     let store = build_store(args).map_err(|e| format!("{e}; not starting"))?;
     let options = LimiterOptions {
         failure_mode: args.failure_mode.into(),
@@ -127,7 +138,8 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         candidate,
         grpc: listeners,
         admin,
-        reloader: Some((reloader, watch)),
+        reloader: xds.is_none().then_some((reloader, watch)),
+        xds,
         shutdown_delay: args.shutdown_delay,
         limits: super::ConnectionLimits {
             grpc_connections: Arc::new(tokio::sync::Semaphore::new(args.max_connections)),

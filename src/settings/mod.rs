@@ -11,11 +11,13 @@ mod redis_url;
 mod reference;
 mod reference_vars;
 mod unknown;
+mod xds;
 
 pub use redis_url::RedisUrl;
 pub use reference::REFERENCE_PROGRAM;
 pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
 pub use unknown::unknown_env;
+pub use xds::XdsArgs;
 
 use crate::algorithm::Algorithm;
 use crate::calendar::Zone;
@@ -318,6 +320,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub candidate_rules: Vec<PathBuf>,
+
+    /// Rules over xDS.
+    #[command(flatten)]
+    pub xds: XdsArgs,
 
     /// Quota service (RLQS): how long Envoy keeps an assignment without
     /// hearing from Tollgate before its `expired_assignment_behavior`

@@ -102,74 +102,52 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     ),
     honoured("LOG_LEVEL", "--log-level"),
     honoured("LOG_FORMAT", "--log-format"),
-    refused(
+    honoured(
         "CONFIG_TYPE",
-        &["file"],
-        "rules over xDS (GRPC_XDS_SOTW) are not supported by Tollgate yet",
+        "FILE: rule files; GRPC_XDS_SOTW: --rules-xds (rule files, RUNTIME_* included, are then not read); anything else stops start-up",
     ),
-    no_effect(
+    honoured(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW; rule files load before Tollgate listens",
+        "--xds-wait-for-rules off when true (ready before the first rules arrive)",
     ),
-    no_effect(
-        "CONFIG_GRPC_XDS_NODE_ID",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
+    honoured("CONFIG_GRPC_XDS_NODE_ID", "--xds-node-id"),
+    honoured(
         "CONFIG_GRPC_XDS_NODE_METADATA",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-node-metadata (key=value,...)",
     ),
-    no_effect(
+    honoured(
         "CONFIG_GRPC_XDS_SERVER_URL",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--rules-xds host:port (default localhost:18000) with CONFIG_TYPE=GRPC_XDS_SOTW",
     ),
-    no_effect(
+    honoured(
         "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-connect-retry",
     ),
-    no_effect(
+    honoured(
         "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-header (the reference's key:value,... form)",
     ),
-    no_effect(
-        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
-        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
-        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
-        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
-        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
+    honoured("CONFIG_GRPC_XDS_SERVER_USE_TLS", "https:// in --rules-xds"),
+    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-client-cert"),
+    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-client-key"),
+    honoured("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-ca"),
+    honoured("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-server-name"),
+    honoured(
         "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-backoff-initial",
     ),
-    no_effect(
-        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
-    ),
-    no_effect(
+    honoured("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max"),
+    honoured(
         "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-backoff-random-factor (each wait is randomised by this fraction; waits double up to the maximum)",
     ),
-    no_effect(
+    honoured(
         "XDS_CLIENT_BACKOFF_JITTER",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-backoff-random-factor 0 when false",
     ),
-    no_effect(
+    honoured(
         "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-        "read only with CONFIG_TYPE=GRPC_XDS_SOTW",
+        "--xds-max-message-bytes (0: the default, 4 MiB)",
     ),
     no_effect("USE_DOG_STATSD", "read only with USE_STATSD=true"),
     no_effect(

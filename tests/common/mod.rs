@@ -38,7 +38,7 @@ impl Tollgate {
         let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
         command.arg("serve");
         // The test's own --rules, if it passes one, replaces the rules text.
-        if !args.contains(&"--rules") {
+        if !args.contains(&"--rules") && !args.contains(&"--rules-xds") {
             command.arg("--rules").arg(&path);
         }
         // Free ports unless the test chose its own (to restart on the same one).
@@ -298,3 +298,4 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 pub mod envoy;
 pub mod redis;
 pub mod tls;
+pub mod xds;
