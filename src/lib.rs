@@ -15,6 +15,8 @@
 //! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
 //! - [`xds`]: rules from an xDS server (Envoy Gateway's way).
 //! - [`logging`]: log output; calls refused at the HTTP/2 level, counted.
+//! - [`stats`]: the reference's stat names: statsd output, and a Prometheus
+//!   endpoint through a statsd-exporter mapping file.
 //! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
@@ -35,5 +37,6 @@ pub mod rules;
 pub mod server;
 pub mod settings;
 pub mod simulate;
+pub mod stats;
 pub mod store;
 pub mod xds;

@@ -63,15 +63,77 @@ impl Histogram {
 
     fn write(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.write_series(out, name, "");
+    }
+
+    /// The histogram's lines (no HELP or TYPE) with `labels`
+    /// (`a="x",b="y"`, or empty) on each.
+    pub fn write_series(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
             cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
         }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {sum}\n{name}_count{braces} {count}"
+        );
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// The most timer samples kept between two statsd flushes.
+const MAX_SAMPLES: usize = 1000;
+
+/// Individual observations kept for statsd timers (statsd wants samples, not
+/// buckets): at most [`MAX_SAMPLES`] between two takes, the rest counted so
+/// the sample rate can be reported. Off (one relaxed load per observation)
+/// unless statsd output is on.
+#[derive(Debug, Default)]
+pub struct Samples {
+    enabled: std::sync::atomic::AtomicBool,
+    kept: parking_lot::Mutex<Vec<f64>>,
+    seen: AtomicU64,
+}
+
+impl Samples {
+    /// Starts keeping samples.
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
+    }
+
+    /// Records one observation, in seconds, if enabled.
+    pub fn record(&self, seconds: f64) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        self.seen.fetch_add(1, Ordering::Relaxed);
+        let mut kept = self.kept.lock();
+        if kept.len() < MAX_SAMPLES {
+            kept.push(seconds);
+        }
+    }
+
+    /// The samples kept since the last take, and how many were observed.
+    pub fn take(&self) -> (Vec<f64>, u64) {
+        let kept = std::mem::take(&mut *self.kept.lock());
+        (kept, self.seen.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -91,6 +153,8 @@ pub struct Metrics {
     pub series_overflow: AtomicU64,
     /// ShouldRateLimit latency.
     pub response_time: Histogram,
+    /// ShouldRateLimit latency samples, for statsd.
+    pub response_samples: Samples,
     /// Requests refused as malformed.
     pub invalid_argument: AtomicU64,
     /// Requests answered UNAVAILABLE (the reference's store-error mode).
@@ -127,6 +191,7 @@ impl Metrics {
             overflow: Arc::default(),
             series_overflow: AtomicU64::new(0),
             response_time: Histogram::default(),
+            response_samples: Samples::default(),
             invalid_argument: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
             store_call: Histogram::default(),
@@ -175,6 +240,17 @@ impl Metrics {
         }
         self.request_series.fetch_add(1, Ordering::Relaxed);
         limits.entry(labels.to_owned()).or_default().clone()
+    }
+
+    /// Calls `f` with every label set (`domain="d",key1="k"...`) and its
+    /// counters, the overflow series (`overflow="true"`) included once used.
+    pub fn for_each_limit(&self, mut f: impl FnMut(&str, &LimitStats)) {
+        for (labels, stats) in self.limits.read().iter() {
+            f(labels, stats);
+        }
+        if self.series_overflow.load(Ordering::Relaxed) > 0 {
+            f("overflow=\"true\"", &self.overflow);
+        }
     }
 
     /// The Prometheus text exposition.

@@ -128,6 +128,25 @@ pub fn router(
         })
 }
 
+/// The reference's stats as Prometheus metrics, through a statsd-exporter
+/// mapping, on `path` (the reference's `PROMETHEUS_ADDR`/`_PATH`).
+pub fn reference_metrics_router(
+    limiter: Arc<Limiter>,
+    path: String,
+    mapper: Arc<crate::stats::mapper::Mapper>,
+) -> Router {
+    Router::new().route(
+        &path,
+        get(move || {
+            let (limiter, mapper) = (limiter.clone(), mapper.clone());
+            async move {
+                let text = mapper.render(&crate::stats::reference_stats(limiter.metrics()));
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+            }
+        }),
+    )
+}
+
 async fn healthcheck(State(s): State<AdminState>) -> Response {
     match s.health.check(&s.limiter).await {
         Ok(None) => (StatusCode::OK, "OK\n").into_response(),

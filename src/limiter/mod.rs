@@ -371,9 +371,9 @@ impl Limiter {
             self.count_store_call(called, &result);
         }
         let decided = self.finish(plan, result.err());
-        self.metrics
-            .response_time
-            .observe(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.response_time.observe(seconds);
+        self.metrics.response_samples.record(seconds);
         decided
     }
 

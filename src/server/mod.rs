@@ -107,6 +107,21 @@ pub struct Serve {
     pub admin_tls: bool,
     /// Rules from an xDS server (then `reloader` is `None`).
     pub xds: Option<crate::xds::XdsOptions>,
+    /// statsd output of the reference's stats.
+    pub statsd: Option<crate::stats::statsd::StatsdOptions>,
+    /// The reference's stats as Prometheus metrics: the listener, the path
+    /// and the mapping.
+    pub reference_metrics: Option<ReferenceMetrics>,
+}
+
+/// The reference's stats served as Prometheus metrics.
+pub struct ReferenceMetrics {
+    /// Where.
+    pub listener: std::net::TcpListener,
+    /// On which path.
+    pub path: String,
+    /// Through which statsd-exporter mapping.
+    pub mapper: Arc<crate::stats::mapper::Mapper>,
 }
 
 /// Serves until `shutdown` completes; then reports unhealthy for
@@ -128,9 +143,14 @@ pub fn run(
         tls,
         admin_tls,
         xds,
+        statsd,
+        reference_metrics,
     } = serve;
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
+    let reference_addr = reference_metrics
+        .as_ref()
+        .and_then(|r| r.listener.local_addr().ok());
     let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -207,6 +227,27 @@ pub fn run(
                 ticking.tick().await;
             }
         }));
+        if let Some(statsd) = statsd {
+            tasks.push(tokio::spawn(crate::stats::statsd::run(
+                statsd,
+                limiter.metrics().clone(),
+            )));
+        }
+        if let Some(reference) = reference_metrics {
+            let listener = tokio::net::TcpListener::from_std(reference.listener)?;
+            let router = crate::admin::reference_metrics_router(
+                limiter.clone(),
+                reference.path,
+                reference.mapper,
+            );
+            tasks.push(tokio::spawn(admin::serve(
+                listener,
+                router,
+                limits.clone(),
+                None,
+                stop_rx.clone(),
+            )));
+        }
         if let Some(xds) = xds {
             tasks.push(tokio::spawn(crate::xds::run(xds, limiter.clone(), health.clone())));
         }
@@ -265,6 +306,9 @@ pub fn run(
         let mut shutdown = std::pin::pin!(shutdown);
         let early = futures_util::poll!(shutdown.as_mut()).is_ready();
         // Lines on stdout that scripts and tests can wait for.
+        if let Some(a) = reference_addr {
+            println!("tollgate: reference metrics listening on {a}");
+        }
         for a in &admin_addrs {
             println!("tollgate: admin listening on {a}");
         }

@@ -93,10 +93,15 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot listen on {addr} (admin HTTP): {e}"))?;
         admin.push(listener);
     }
+    let reference_metrics = reference_metrics(args)?;
     if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, workers, "gRPC listening");
     }
-    let reloader = Arc::new(Reloader::new(paths, args.load_options(), limiter.clone()));
+    // Rules from xDS are counted as they arrive; the empty set before them
+    // is not a load.
+    let reloader = xds
+        .is_none()
+        .then(|| Arc::new(Reloader::new(paths, args.load_options(), limiter.clone())));
     let watch = (args.watch_rules == OnOff::On).then_some(args.watch_interval);
     let quotas = Arc::new(Quotas::new(
         limiter.clone(),
@@ -138,7 +143,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         candidate,
         grpc: listeners,
         admin,
-        reloader: xds.is_none().then_some((reloader, watch)),
+        reloader: reloader.map(|r| (r, watch)),
         xds,
         shutdown_delay: args.shutdown_delay,
         limits: super::ConnectionLimits {
@@ -154,8 +159,40 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         },
         tls,
         admin_tls: args.admin_tls == OnOff::On,
+        statsd: args.stats.statsd_options(),
+        reference_metrics,
     };
     super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
+}
+
+/// The reference's stats as Prometheus metrics, when asked for: the
+/// mapping loaded and the listener bound, or why not.
+fn reference_metrics(args: &ServeArgs) -> Result<Option<super::ReferenceMetrics>, String> {
+    let Some(addr) = args.stats.reference_metrics_addr else {
+        return Ok(None);
+    };
+    let mapper = match &args.stats.statsd_mapping {
+        None => crate::stats::mapper::Mapper::default(),
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| crate::stats::mapper::Mapper::parse(&text))
+            .map_err(|e| format!("statsd mapping {}: {e}; not starting", path.display()))?,
+    };
+    let path = args.stats.reference_metrics_path.clone();
+    if !path.starts_with('/') {
+        return Err(format!(
+            "--reference-metrics-path {path}: must start with /"
+        ));
+    }
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| format!("cannot listen on {addr} (reference metrics): {e}"))?;
+    tracing::info!(%addr, %path, "reference metrics listening");
+    Ok(Some(super::ReferenceMetrics {
+        listener,
+        path,
+        mapper: Arc::new(mapper),
+    }))
 }
 
 fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {

@@ -9,13 +9,17 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod redis_url;
 mod reference;
+mod reference_stats;
 mod reference_vars;
+mod reference_xds;
+mod stats;
 mod unknown;
 mod xds;
 
 pub use redis_url::RedisUrl;
 pub use reference::REFERENCE_PROGRAM;
 pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
+pub use stats::{StatsArgs, StatsdProtocol};
 pub use unknown::unknown_env;
 pub use xds::XdsArgs;
 
@@ -324,6 +328,10 @@ pub struct ServeArgs {
     /// Rules over xDS.
     #[command(flatten)]
     pub xds: XdsArgs,
+
+    /// The reference's stats.
+    #[command(flatten)]
+    pub stats: StatsArgs,
 
     /// Quota service (RLQS): how long Envoy keeps an assignment without
     /// hearing from Tollgate before its `expired_assignment_behavior`

@@ -149,38 +149,41 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
         "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
         "--xds-max-message-bytes (0: the default, 4 MiB)",
     ),
-    no_effect("USE_DOG_STATSD", "read only with USE_STATSD=true"),
-    no_effect(
+    honoured(
+        "USE_DOG_STATSD",
+        "--dogstatsd on (tags from EXTRA_TAGS on every line)",
+    ),
+    refused(
         "USE_DOG_STATSD_MOGRIFIERS",
-        "read only with USE_STATSD=true",
+        &[],
+        "DogStatsD mogrifiers (names rewritten into tags) are not supported by Tollgate yet",
     ),
-    refused(
+    honoured(
         "USE_STATSD",
-        FALSE,
-        "statsd output is not supported by Tollgate yet: scrape /metrics (Prometheus)",
+        "--statsd STATSD_HOST:STATSD_PORT over TCP, when true (run as ratelimit, unset means off, not the reference's on)",
     ),
-    no_effect("STATSD_HOST", "read only with USE_STATSD=true"),
-    no_effect("STATSD_PORT", "read only with USE_STATSD=true"),
-    no_effect("EXTRA_TAGS", "read only with USE_STATSD=true"),
-    no_effect("STATS_FLUSH_INTERVAL", "read only with USE_STATSD=true"),
-    no_effect(
+    honoured("STATSD_HOST", "--statsd (default localhost)"),
+    honoured("STATSD_PORT", "--statsd (default 8125)"),
+    honoured(
+        "EXTRA_TAGS",
+        "--statsd-tags (key:value,...; sent with USE_DOG_STATSD)",
+    ),
+    honoured("STATS_FLUSH_INTERVAL", "--statsd-flush-interval"),
+    honoured(
         "DISABLE_STATS",
-        "Tollgate's metrics are pulled from /metrics: nothing is sent anywhere",
+        "when true, no statsd and no PROMETHEUS_ADDR endpoint (Tollgate's own /metrics stays)",
     ),
-    refused(
+    honoured(
         "USE_PROMETHEUS",
-        FALSE,
-        "a statsd-mapped Prometheus endpoint is not supported by Tollgate yet: scrape the admin port's /metrics",
+        "--reference-metrics-addr PROMETHEUS_ADDR (default :9090): the reference's stats through PROMETHEUS_MAPPER_YAML",
     ),
-    no_effect("PROMETHEUS_ADDR", "read only with USE_PROMETHEUS=true"),
-    no_effect("PROMETHEUS_PATH", "read only with USE_PROMETHEUS=true"),
-    no_effect(
-        "PROMETHEUS_MAPPER_YAML",
-        "read only with USE_PROMETHEUS=true",
-    ),
-    no_effect(
+    honoured("PROMETHEUS_ADDR", "--reference-metrics-addr"),
+    honoured("PROMETHEUS_PATH", "--reference-metrics-path"),
+    honoured("PROMETHEUS_MAPPER_YAML", "--statsd-mapping"),
+    refused(
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "read only with USE_PROMETHEUS=true",
+        FALSE,
+        "the response time histogram is in seconds",
     ),
     honoured("RUNTIME_ROOT", "--rules ROOT/SUBDIRECTORY/APPDIRECTORY"),
     honoured(
@@ -513,7 +516,7 @@ mod tests {
             }
         };
         let quiet = env(&[
-            ("USE_STATSD", "false"),
+            ("USE_STATSD", "true"),
             ("CONFIG_TYPE", "FILE"),
             ("PROTO", "tcp"),
             ("GRPC_UDS", ""),
@@ -521,13 +524,13 @@ mod tests {
         ]);
         assert_eq!(refused_vars(&quiet), Ok(()));
         let loud = env(&[
-            ("USE_STATSD", "true"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "x"),
             ("GRPC_UDS", "/tmp/rl.sock"),
             ("TRACING_ENABLED", "true"),
         ]);
         let error = refused_vars(&loud).expect_err("refused");
         for name in [
-            "USE_STATSD=true",
+            "USE_DOG_STATSD_MOGRIFIERS=x",
             "GRPC_UDS=/tmp/rl.sock",
             "TRACING_ENABLED=true",
         ] {

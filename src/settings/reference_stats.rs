@@ -1,0 +1,130 @@
+//! The reference's stats variables: `USE_STATSD` and its `STATSD_*`,
+//! `USE_DOG_STATSD`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`, `USE_PROMETHEUS`
+//! with `PROMETHEUS_*`, and `DISABLE_STATS`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::reference::adopt;
+use super::{OnOff, ServeArgs};
+
+impl ServeArgs {
+    /// Maps the reference's stats variables onto `--statsd*` and
+    /// `--reference-metrics-*`.
+    pub(super) fn apply_reference_stats(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        explicit: &dyn Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let set = |name: &str| {
+            env(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let boolean = |name: &str| -> Result<bool, String> {
+            match set(name).map(|v| v.to_ascii_lowercase()).as_deref() {
+                None | Some("false" | "0" | "no") => Ok(false),
+                Some("true" | "1" | "yes") => Ok(true),
+                Some(other) => Err(format!("{name}={other}: expected true or false")),
+            }
+        };
+        // The reference sends nothing anywhere with DISABLE_STATS.
+        if boolean("DISABLE_STATS")? {
+            return Ok(());
+        }
+        let s = &mut self.stats;
+        if boolean("USE_STATSD")? {
+            let host = set("STATSD_HOST").unwrap_or_else(|| "localhost".into());
+            let port = set("STATSD_PORT").unwrap_or_else(|| "8125".into());
+            port.parse::<u16>()
+                .map_err(|_| format!("STATSD_PORT={port}: not a port"))?;
+            adopt(
+                &mut s.statsd,
+                Some(format!("{host}:{port}")),
+                explicit("statsd"),
+                "statsd",
+                "USE_STATSD/STATSD_HOST/STATSD_PORT",
+            )?;
+            if boolean("USE_DOG_STATSD")? {
+                adopt(
+                    &mut s.dogstatsd,
+                    OnOff::On,
+                    explicit("dogstatsd"),
+                    "dogstatsd",
+                    "USE_DOG_STATSD",
+                )?;
+            }
+            // envconfig's map form: "key1:val1,key2:val2".
+            if let Some(tags) = set("EXTRA_TAGS") {
+                let mut pairs = Vec::new();
+                for entry in tags.split(',') {
+                    let (k, v) = entry
+                        .split_once(':')
+                        .ok_or_else(|| format!("EXTRA_TAGS: '{entry}' is not key:value"))?;
+                    pairs.push((k.trim().to_owned(), v.trim().to_owned()));
+                }
+                adopt(
+                    &mut s.statsd_tags,
+                    pairs,
+                    explicit("statsd_tags"),
+                    "statsd-tags",
+                    "EXTRA_TAGS",
+                )?;
+            }
+            if let Some(interval) = set("STATS_FLUSH_INTERVAL") {
+                let d = super::parse_duration(&interval)
+                    .map_err(|e| format!("STATS_FLUSH_INTERVAL={interval}: {e}"))?;
+                if d.is_zero() {
+                    return Err(format!(
+                        "STATS_FLUSH_INTERVAL={interval}: must be above zero"
+                    ));
+                }
+                adopt(
+                    &mut s.statsd_flush_interval,
+                    d,
+                    explicit("statsd_flush_interval"),
+                    "statsd-flush-interval",
+                    "STATS_FLUSH_INTERVAL",
+                )?;
+            }
+        }
+        if boolean("USE_PROMETHEUS")? {
+            // The reference's form is Go's: ":19001" is every interface.
+            let addr = set("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".into());
+            let full = if addr.starts_with(':') {
+                format!("0.0.0.0{addr}")
+            } else {
+                addr.clone()
+            };
+            let parsed: SocketAddr = full
+                .parse()
+                .map_err(|_| format!("PROMETHEUS_ADDR={addr}: expected [host]:port"))?;
+            adopt(
+                &mut s.reference_metrics_addr,
+                Some(parsed),
+                explicit("reference_metrics_addr"),
+                "reference-metrics-addr",
+                "PROMETHEUS_ADDR",
+            )?;
+            if let Some(path) = set("PROMETHEUS_PATH") {
+                adopt(
+                    &mut s.reference_metrics_path,
+                    path,
+                    explicit("reference_metrics_path"),
+                    "reference-metrics-path",
+                    "PROMETHEUS_PATH",
+                )?;
+            }
+            if let Some(file) = set("PROMETHEUS_MAPPER_YAML") {
+                adopt(
+                    &mut s.statsd_mapping,
+                    Some(PathBuf::from(file)),
+                    explicit("statsd_mapping"),
+                    "statsd-mapping",
+                    "PROMETHEUS_MAPPER_YAML",
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
