@@ -19,21 +19,18 @@
 //! until it answers. The outage and the recovery are logged once each.
 
 mod coalesce;
+mod conn;
 mod keys;
 mod lease;
 mod msgpack;
+mod options;
 mod over_limit;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script, Value};
+use redis::{Script, Value};
 use smallvec::SmallVec;
 
 use super::{Check, StoreError, refused};
@@ -42,7 +39,10 @@ use crate::calendar::Window;
 use crate::clock::Nanos;
 pub use coalesce::BatchBounds;
 use coalesce::{CheckArgs, Part};
+use conn::redis_error;
 use keys::{key_names, quota_key_names, script_code};
+use options::config_error;
+pub use options::{RedisOptions, RedisTarget, redact};
 pub use over_limit::OverLimitCache;
 use redis::cluster_routing::Slot;
 
@@ -56,93 +56,6 @@ const ALGORITHMS: &str = concat!(
 /// The script sent to Redis: the three algorithms, then the batch driver.
 fn batch_script() -> Script {
     Script::new(&format!("{ALGORITHMS}{}", include_str!("batch.lua")))
-}
-
-/// Every password in a comma-separated list of URLs replaced by `***`
-/// (`redis://user:***@host`, `redis://***@host`).
-pub fn redact(urls: &str) -> String {
-    urls.split(',')
-        .map(|url| {
-            let Some((scheme, rest)) = url.split_once("://") else {
-                return url.to_owned();
-            };
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            match authority.rsplit_once('@') {
-                None => url.to_owned(),
-                Some((userinfo, host)) => {
-                    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-                    let shown = if user.is_empty() {
-                        "***".to_owned()
-                    } else {
-                        format!("{user}:***")
-                    };
-                    format!("{scheme}://{shown}@{host}{path}")
-                }
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Which Redis deployment. `Debug` redacts passwords.
-#[derive(Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    /// One Redis server (`redis://` or `rediss://` URL).
-    Standalone(String),
-    /// Redis Cluster seed nodes.
-    Cluster(Vec<String>),
-}
-
-impl std::fmt::Debug for RedisTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RedisTarget::Standalone(url) => {
-                f.debug_tuple("Standalone").field(&redact(url)).finish()
-            }
-            RedisTarget::Cluster(nodes) => f
-                .debug_tuple("Cluster")
-                .field(&redact(&nodes.join(",")))
-                .finish(),
-        }
-    }
-}
-
-/// How the Redis store behaves.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// Where Redis is.
-    pub target: RedisTarget,
-    /// Prefix of every key.
-    pub prefix: String,
-    /// Longest wait for one call (connect included).
-    pub timeout: Duration,
-    /// Failures in a row that open the circuit.
-    pub breaker_threshold: u32,
-    /// How often an open circuit probes Redis.
-    pub probe_interval: Duration,
-    /// Cache keys known to be over their limit until they reset.
-    pub over_limit_cache: bool,
-    /// PEM CA certificates to trust for `rediss://` instead of the system's.
-    pub tls_ca: Option<Vec<u8>>,
-    /// How many concurrent requests one script call may carry.
-    pub batch: BatchBounds,
-}
-
-impl RedisOptions {
-    /// Options for `target` with the defaults.
-    pub fn new(target: RedisTarget) -> Self {
-        Self {
-            target,
-            prefix: "tollgate:".into(),
-            timeout: Duration::from_millis(10),
-            breaker_threshold: 5,
-            probe_interval: Duration::from_millis(250),
-            over_limit_cache: false,
-            tls_ca: None,
-            batch: BatchBounds::default(),
-        }
-    }
 }
 
 /// One instance's report for a quota bucket: see [`RedisStore::exchange_quota`].
@@ -173,29 +86,6 @@ pub struct QuotaTotals {
     pub weight: f64,
     /// Admitted in the window by all instances.
     pub used: u64,
-}
-
-#[derive(Clone)]
-enum Conn {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn invoke(&mut self, inv: &redis::ScriptInvocation<'_>) -> Result<Value, RedisError> {
-        match self {
-            Conn::Standalone(c) => inv.invoke_async(c).await,
-            Conn::Cluster(c) => inv.invoke_async(c).await,
-        }
-    }
-
-    async fn ping(&mut self) -> Result<(), RedisError> {
-        let cmd = redis::cmd("PING");
-        match self {
-            Conn::Standalone(c) => c.req_packed_command(&cmd).await.map(drop),
-            Conn::Cluster(c) => c.req_packed_command(&cmd).await.map(drop),
-        }
-    }
 }
 
 struct Inner {
@@ -231,11 +121,6 @@ impl std::fmt::Debug for RedisStore {
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's connection to each store (by store id).
-    static CONNECTIONS: RefCell<HashMap<usize, (usize, Conn)>> = RefCell::new(HashMap::new());
-}
 
 /// One hash slot's share of a request.
 struct Group {
@@ -314,72 +199,6 @@ impl RedisStore {
         self.inner.open.load(Ordering::Relaxed)
     }
 
-    async fn connect(&self) -> Result<Conn, RedisError> {
-        let timeout = self.inner.options.timeout;
-        match &self.inner.options.target {
-            RedisTarget::Standalone(url) => {
-                let client = match self.tls_certificates() {
-                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)?,
-                    None => redis::Client::open(url.as_str())?,
-                };
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1);
-                Ok(Conn::Standalone(
-                    ConnectionManager::new_with_config(client, config).await?,
-                ))
-            }
-            RedisTarget::Cluster(nodes) => {
-                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1);
-                if let Some(certs) = self.tls_certificates() {
-                    builder = builder.certs(certs);
-                }
-                let client = builder.build()?;
-                Ok(Conn::Cluster(client.get_async_connection().await?))
-            }
-        }
-    }
-
-    /// The CA to trust for `rediss://`, when one was given.
-    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
-        self.inner
-            .options
-            .tls_ca
-            .as_ref()
-            .map(|ca| redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.clone()),
-            })
-    }
-
-    /// This thread's connection, made on first use.
-    async fn conn(&self) -> Result<Conn, StoreError> {
-        let id = self.inner.id;
-        let generation = self.inner.generation.load(Ordering::Acquire);
-        let cached = CONNECTIONS.with(|c| c.borrow().get(&id).cloned());
-        if let Some((_, conn)) = cached.filter(|(g, _)| *g == generation) {
-            return Ok(conn);
-        }
-        let conn = self.timed(self.connect()).await?;
-        CONNECTIONS.with(|c| c.borrow_mut().insert(id, (generation, conn.clone())));
-        Ok(conn)
-    }
-
-    async fn timed<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.inner.options.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(redis_error(&e)),
-            Err(_) => Err(StoreError::Timeout(self.inner.options.timeout)),
-        }
-    }
-
     /// One Tollgate instance's exchange for a rate limit quota (RLQS) bucket
     /// (see `quota.lua`): records `instance`'s weight and `admitted` in
     /// `window`, and answers the weight of every instance heard from within
@@ -428,19 +247,6 @@ impl RedisStore {
                 "unexpected quota reply {other:?}"
             ))),
         }
-    }
-
-    /// Sends PING on this thread's connection, within the store's timeout.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(conn.ping()).await
-    }
-
-    /// Connects afresh and sends PING: what the circuit breaker probes with,
-    /// since a connection made before an outage may be stuck reconnecting.
-    pub async fn probe(&self) -> Result<(), StoreError> {
-        let mut conn = self.timed(self.connect()).await?;
-        self.timed(conn.ping()).await
     }
 
     /// Decides `checks` at `now`, all or nothing.
@@ -768,32 +574,6 @@ fn parse_reply(value: Value, expected: usize) -> Result<Vec<(bool, u32, u64)>, S
             )
         })
         .collect())
-}
-
-fn redis_error(e: &RedisError) -> StoreError {
-    let transient = e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_io_error()
-        || e.is_unrecoverable_error()
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-        );
-    StoreError::Redis {
-        message: e.to_string(),
-        transient,
-    }
-}
-
-fn config_error(target: &str, e: &RedisError) -> StoreError {
-    StoreError::Config(format!("invalid Redis address '{}': {e}", redact(target)))
 }
 
 #[cfg(test)]
