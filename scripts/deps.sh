@@ -20,6 +20,10 @@ ensure_test_deps() {
         echo "deps: installing redis-server and redis-tools" >&2
         apt_install redis-server redis-tools
     fi
+    if ! command -v redis-sentinel >/dev/null; then
+        echo "deps: installing redis-sentinel" >&2
+        apt_install redis-sentinel
+    fi
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || apt_install openssl
     # The Debian package starts a system Redis on 6379; the tests start their

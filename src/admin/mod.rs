@@ -84,7 +84,14 @@ impl Health {
             Store::Redis(redis) if redis.circuit_open() => {
                 Err("store: Redis unavailable (circuit open)".to_owned())
             }
-            Store::Redis(redis) => redis.ping().await.map_err(|e| format!("store: {e}")),
+            Store::Redis(redis) => match redis.ping().await {
+                // A wrong password or certificate will not pass by itself:
+                // fail readiness with it, whatever the failure modes.
+                Err(e @ crate::store::StoreError::Config(_)) => {
+                    return Err(format!("store misconfigured: {e}"));
+                }
+                other => other.map_err(|e| format!("store: {e}")),
+            },
         };
         match store {
             Ok(()) => Ok(None),

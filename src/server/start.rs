@@ -207,6 +207,28 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
             })));
         }
         StoreKind::Redis => RedisTarget::Standalone(args.redis_url.expose().to_owned()),
+        StoreKind::RedisSentinel => {
+            let sentinels: Vec<String> = args
+                .redis_url
+                .expose()
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .collect();
+            let master = args.redis_sentinel_master.clone().ok_or_else(|| {
+                StoreError::Config("--store redis-sentinel needs --redis-sentinel-master".into())
+            })?;
+            let scheme = if sentinels.iter().all(|s| s.starts_with("rediss://")) {
+                "rediss"
+            } else {
+                "redis"
+            };
+            let auth = args.redis_master_auth.as_ref().map(|a| a.expose());
+            RedisTarget::Sentinel {
+                master,
+                sentinels,
+                master_prefix: crate::store::redis::url_prefix(scheme, auth),
+            }
+        }
         StoreKind::RedisCluster => RedisTarget::Cluster(
             args.redis_url
                 .expose()
@@ -226,6 +248,16 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
             .map_err(|e| StoreError::Config(format!("--redis-tls-ca {}: {e}", path.display())))?;
         options.tls_ca = Some(ca);
     }
+    if let (Some(cert), Some(key)) = (&args.redis_tls_cert, &args.redis_tls_key) {
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| StoreError::Config(format!("{flag} {}: {e}", path.display())))
+        };
+        options.tls_client = Some((
+            read("--redis-tls-cert", cert)?,
+            read("--redis-tls-key", key)?,
+        ));
+    }
     let store = RedisStore::new(options)?;
     // Redis being down at start is an outage like any other: start, answer
     // from the failure modes, and say so.
@@ -236,6 +268,11 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         .block_on(store.probe());
     match probe {
         Ok(()) => tracing::info!(url = %args.redis_url, "Redis answers"),
+        Err(e @ StoreError::Config(_)) => tracing::error!(
+            url = %args.redis_url,
+            error = %e,
+            "Redis refuses this configuration: answering from failure modes and not ready until it is fixed"
+        ),
         Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),
     }
     Ok(Store::Redis(store))

@@ -248,6 +248,23 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_TLS_CA")]
     pub redis_tls_ca: Option<PathBuf>,
 
+    /// With --store redis-sentinel: the master's name as the sentinels know it.
+    #[arg(long, env = "TOLLGATE_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+
+    /// With --store redis-sentinel: the master's password (`password` or
+    /// `user:password`); the sentinels' own go in their --redis-url entries.
+    #[arg(long, env = "TOLLGATE_REDIS_MASTER_AUTH")]
+    pub redis_master_auth: Option<RedisUrl>,
+
+    /// PEM client certificate for `rediss://` (mutual TLS), with --redis-tls-key.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_CERT", requires = "redis_tls_key")]
+    pub redis_tls_cert: Option<PathBuf>,
+
+    /// Its PEM private key.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_KEY", requires = "redis_tls_cert")]
+    pub redis_tls_key: Option<PathBuf>,
+
     /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
     pub redis_timeout: Duration,
@@ -487,6 +504,9 @@ pub enum StoreKind {
     Redis,
     /// Redis Cluster.
     RedisCluster,
+    /// A master found through Redis Sentinel (--redis-url lists the
+    /// sentinels; --redis-sentinel-master names the master).
+    RedisSentinel,
 }
 
 /// What a store failure turns into.

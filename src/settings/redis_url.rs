@@ -1,38 +1,14 @@
 //! The Redis URL setting: a password inside never prints, and the
 //! reference's `host:port` plus `REDIS_AUTH` become a URL.
 
-use crate::store::redis::redact;
-
-/// Percent-encodes a URL's user or password part (RFC 3986 unreserved
-/// characters stay), so `@`, `/`, `#` or `:` in a password cannot end it.
-fn userinfo_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+use crate::store::redis::{redact, url_prefix};
 
 /// A Redis URL for a reference-style `host:port` and `REDIS_AUTH`, which is
 /// `password` or `user:password` (split at the first colon).
 pub(super) fn reference_redis_url(scheme: &str, node: &str, auth: Option<&str>) -> String {
     let node = node.trim();
     let bare = node.split_once("://").map_or(node, |(_, rest)| rest);
-    match auth {
-        None => format!("{scheme}://{bare}"),
-        Some(auth) => match auth.split_once(':') {
-            Some((user, password)) => format!(
-                "{scheme}://{}:{}@{bare}",
-                userinfo_escape(user),
-                userinfo_escape(password)
-            ),
-            None => format!("{scheme}://:{}@{bare}", userinfo_escape(auth)),
-        },
-    }
+    format!("{}{bare}", url_prefix(scheme, auth))
 }
 
 /// A Redis URL, or a comma-separated list of them: it may hold a password,

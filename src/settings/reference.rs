@@ -120,9 +120,10 @@ impl ServeArgs {
             None | Some("") => None,
             Some("single") => Some(StoreKind::Redis),
             Some("cluster") => Some(StoreKind::RedisCluster),
+            Some("sentinel") => Some(StoreKind::RedisSentinel),
             Some(other) => {
                 return Err(format!(
-                    "REDIS_TYPE={other}: Tollgate supports single and cluster"
+                    "REDIS_TYPE={other}: Tollgate supports single, cluster and sentinel"
                 ));
             }
         };
@@ -153,11 +154,51 @@ impl ServeArgs {
                 (false, true) => "rediss",
                 (false, false) => "redis",
             };
-            let url = url
-                .split(',')
-                .map(|node| reference_redis_url(scheme, node, auth.as_deref()))
-                .collect::<Vec<_>>()
-                .join(",");
+            let url = if redis_type == Some(StoreKind::RedisSentinel) {
+                // "master,sentinel:port,...": the sentinels have their own
+                // password (REDIS_SENTINEL_AUTH); REDIS_AUTH is the master's.
+                let mut parts = url.split(',');
+                let master = parts.next().unwrap_or_default().trim().to_owned();
+                if master.is_empty() || master.contains(':') {
+                    return Err(format!(
+                        "REDIS_URL={url}: with REDIS_TYPE=sentinel, the master's name first, then the sentinels (mymaster,host:26379,...)"
+                    ));
+                }
+                let sentinel_auth = env("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty());
+                let sentinels: Vec<String> = parts
+                    .map(|node| reference_redis_url(scheme, node, sentinel_auth.as_deref()))
+                    .collect();
+                if sentinels.is_empty() {
+                    return Err(format!(
+                        "REDIS_URL={url}: no sentinel after the master's name"
+                    ));
+                }
+                adopt(
+                    &mut self.redis_sentinel_master,
+                    Some(master),
+                    explicit("redis_sentinel_master"),
+                    "redis-sentinel-master",
+                    "REDIS_URL",
+                )?;
+                if let Some(auth) = auth.clone() {
+                    adopt(
+                        &mut self.redis_master_auth,
+                        Some(RedisUrl(auth)),
+                        explicit("redis_master_auth"),
+                        "redis-master-auth",
+                        "REDIS_AUTH",
+                    )?;
+                }
+                sentinels.join(",")
+            } else {
+                if env("REDIS_SENTINEL_AUTH").is_some_and(|a| !a.is_empty()) {
+                    return Err("REDIS_SENTINEL_AUTH is set but REDIS_TYPE is not sentinel".into());
+                }
+                url.split(',')
+                    .map(|node| reference_redis_url(scheme, node, auth.as_deref()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
             let explicit_url = explicit("redis_url");
             adopt(
                 &mut self.redis_url,
@@ -205,6 +246,30 @@ impl ServeArgs {
                 "redis-tls-ca",
                 "REDIS_TLS_CACERT",
             )?;
+        }
+        let client_cert = env("REDIS_TLS_CLIENT_CERT").filter(|c| !c.is_empty());
+        let client_key = env("REDIS_TLS_CLIENT_KEY").filter(|c| !c.is_empty());
+        match (client_cert, client_key) {
+            (None, None) => {}
+            (Some(cert), Some(key)) => {
+                adopt(
+                    &mut self.redis_tls_cert,
+                    Some(PathBuf::from(cert)),
+                    explicit("redis_tls_cert"),
+                    "redis-tls-cert",
+                    "REDIS_TLS_CLIENT_CERT",
+                )?;
+                adopt(
+                    &mut self.redis_tls_key,
+                    Some(PathBuf::from(key)),
+                    explicit("redis_tls_key"),
+                    "redis-tls-key",
+                    "REDIS_TLS_CLIENT_KEY",
+                )?;
+            }
+            _ => {
+                return Err("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together".into());
+            }
         }
         if let Some(prefix) = env("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
             let explicit = explicit("redis_prefix");

@@ -250,7 +250,7 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     ),
     honoured(
         "REDIS_TYPE",
-        "--store: single is redis, cluster is redis-cluster; anything else stops start-up",
+        "--store: single is redis, cluster is redis-cluster, sentinel is redis-sentinel (REDIS_URL: the master's name, then the sentinels); anything else stops start-up",
     ),
     honoured(
         "REDIS_URL",
@@ -262,16 +262,11 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
         "the password (or user:password) in --redis-url, escaped",
     ),
     honoured("REDIS_TLS", "rediss:// in --redis-url"),
-    refused(
+    honoured(
         "REDIS_TLS_CLIENT_CERT",
-        &[],
-        "client certificates for Redis are not supported by Tollgate yet",
+        "--redis-tls-cert (mutual TLS to Redis)",
     ),
-    refused(
-        "REDIS_TLS_CLIENT_KEY",
-        &[],
-        "client certificates for Redis are not supported by Tollgate yet",
-    ),
+    honoured("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
     honoured("REDIS_TLS_CACERT", "--redis-tls-ca"),
     refused(
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
@@ -304,10 +299,9 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
         "read only with REDIS_PERSECOND=true",
     ),
     no_effect("REDIS_PERSECOND_TLS", "read only with REDIS_PERSECOND=true"),
-    refused(
+    honoured(
         "REDIS_SENTINEL_AUTH",
-        &[],
-        "Redis Sentinel (REDIS_TYPE=sentinel) is not supported by Tollgate yet",
+        "the sentinels' password (REDIS_TYPE=sentinel; REDIS_AUTH is then the master's, --redis-master-auth)",
     ),
     no_effect(
         "REDIS_PERSECOND_SENTINEL_AUTH",

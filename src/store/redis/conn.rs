@@ -32,12 +32,18 @@ impl Conn {
 
     pub(super) async fn ping(&mut self) -> Result<(), RedisError> {
         let cmd = redis::cmd("PING");
-        match self {
-            Conn::Standalone(c) => c.req_packed_command(&cmd).await.map(drop),
-            Conn::Cluster(c) => c.req_packed_command(&cmd).await.map(drop),
-        }
+        let reply = match self {
+            Conn::Standalone(c) => c.req_packed_command(&cmd).await?,
+            Conn::Cluster(c) => c.req_packed_command(&cmd).await?,
+        };
+        // An error reply (NOAUTH from a Redis that wants a password) comes
+        // back as a value: Redis answering is not Redis accepting us.
+        reply.extract_error().map(drop)
     }
 }
+
+/// How often the sentinels are asked where the master is.
+const SENTINEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 thread_local! {
     /// This thread's connection to each store (by store id).
@@ -48,18 +54,16 @@ impl RedisStore {
     pub(super) async fn connect(&self) -> Result<Conn, RedisError> {
         let timeout = self.inner.options.timeout;
         match &self.inner.options.target {
-            RedisTarget::Standalone(url) => {
-                let client = match self.tls_certificates() {
-                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)?,
-                    None => redis::Client::open(url.as_str())?,
-                };
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1);
-                Ok(Conn::Standalone(
-                    ConnectionManager::new_with_config(client, config).await?,
-                ))
+            RedisTarget::Standalone(url) => self.connect_one(url).await,
+            RedisTarget::Sentinel {
+                master,
+                sentinels,
+                master_prefix,
+            } => {
+                let addr = master_address(master, sentinels, timeout).await?;
+                *self.inner.sentinel_master.lock() = Some(addr.clone());
+                self.watch_master();
+                self.connect_one(&format!("{master_prefix}{addr}")).await
             }
             RedisTarget::Cluster(nodes) => {
                 let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
@@ -75,16 +79,92 @@ impl RedisStore {
         }
     }
 
-    /// The CA to trust for `rediss://`, when one was given.
+    /// Behind Sentinel: asks the sentinels for the master every
+    /// [`SENTINEL_POLL`] and, when it moved, makes every worker reconnect
+    /// (to the new master, through the sentinels). Waiting for errors is not
+    /// enough: a demoted master can stay writable until Sentinel reaches it.
+    /// One task per store, for as long as the store lives.
+    fn watch_master(&self) {
+        if self.inner.sentinel_watch.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        /// Lets the next connection start a watcher again if this one is
+        /// dropped with its runtime (the start-up probe's, say).
+        struct Watching(std::sync::Weak<super::Inner>);
+        impl Drop for Watching {
+            fn drop(&mut self) {
+                if let Some(inner) = self.0.upgrade() {
+                    inner.sentinel_watch.store(false, Ordering::Release);
+                }
+            }
+        }
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        let watching = Watching(inner.clone());
+        tokio::spawn(async move {
+            let _watching = watching;
+            loop {
+                tokio::time::sleep(SENTINEL_POLL).await;
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let RedisTarget::Sentinel {
+                    master, sentinels, ..
+                } = &inner.options.target
+                else {
+                    return;
+                };
+                let timeout = inner.options.timeout.max(SENTINEL_POLL / 2);
+                let Ok(addr) = master_address(master, sentinels, timeout).await else {
+                    continue;
+                };
+                let mut current = inner.sentinel_master.lock();
+                if current.as_deref() != Some(addr.as_str()) {
+                    tracing::warn!(
+                        from = current.as_deref().unwrap_or("?"),
+                        to = %addr,
+                        master = %master,
+                        "Redis Sentinel: the master moved; reconnecting"
+                    );
+                    *current = Some(addr);
+                    inner.generation.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        });
+    }
+
+    /// A connection to one server, reconnecting to it by itself.
+    async fn connect_one(&self, url: &str) -> Result<Conn, RedisError> {
+        let timeout = self.inner.options.timeout;
+        let client = match self.tls_certificates() {
+            Some(certs) => redis::Client::build_with_tls(url, certs)?,
+            None => redis::Client::open(url)?,
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        Ok(Conn::Standalone(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    /// The CA to trust and the client certificate to present for
+    /// `rediss://`, when either was given.
     fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
-        self.inner
-            .options
-            .tls_ca
-            .as_ref()
-            .map(|ca| redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.clone()),
-            })
+        let options = &self.inner.options;
+        if options.tls_ca.is_none() && options.tls_client.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: options
+                .tls_client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: options.tls_ca.clone(),
+        })
     }
 
     /// This thread's connection, made on first use.
@@ -125,7 +205,45 @@ impl RedisStore {
     }
 }
 
+/// What in a Redis error says the configuration is wrong (a password, a
+/// certificate), not the network or Redis's health: retrying cannot help.
+fn misconfiguration(e: &RedisError) -> Option<&'static str> {
+    let text = e.to_string();
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || [
+            "NOAUTH",
+            "WRONGPASS",
+            "invalid password",
+            "invalid username-password",
+        ]
+        .iter()
+        .any(|m| text.contains(m))
+    {
+        return Some("Redis refused the credentials (the password in the URL, or REDIS_AUTH)");
+    }
+    if text.contains("NOPERM") {
+        return Some("Redis's ACL does not allow Tollgate's commands (EVALSHA, SCRIPT LOAD, PING)");
+    }
+    let tls = [
+        "certificate",
+        "Certificate",
+        "handshake",
+        "InvalidMessage",
+        "tls",
+        "TLS",
+    ];
+    if e.is_io_error() && tls.iter().any(|m| text.contains(m)) {
+        return Some(
+            "the TLS handshake with Redis failed (its CA, the client certificate, or rediss:// against a plain port)",
+        );
+    }
+    None
+}
+
 pub(super) fn redis_error(e: &RedisError) -> StoreError {
+    if let Some(what) = misconfiguration(e) {
+        return StoreError::Config(format!("{what}: {e}"));
+    }
     let transient = e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -145,4 +263,42 @@ pub(super) fn redis_error(e: &RedisError) -> StoreError {
         message: e.to_string(),
         transient,
     }
+}
+
+/// The master's `host:port` as the first sentinel that answers knows it
+/// (`SENTINEL get-master-addr-by-name`); the error names every sentinel's.
+async fn master_address(
+    master: &str,
+    sentinels: &[String],
+    timeout: std::time::Duration,
+) -> Result<String, RedisError> {
+    let mut errors = Vec::new();
+    for url in sentinels {
+        let ask = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, RedisError>(addr)
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
+            Ok(Ok(None)) => {
+                errors.push(format!("{}: no master named {master}", super::redact(url)))
+            }
+            Ok(Err(e)) => errors.push(format!("{}: {e}", super::redact(url))),
+            Err(_) => errors.push(format!(
+                "{}: no answer within {timeout:?}",
+                super::redact(url)
+            )),
+        }
+    }
+    Err(RedisError::from((
+        redis::ErrorKind::Io,
+        "no sentinel gave the master's address",
+        errors.join("; "),
+    )))
 }

@@ -42,7 +42,7 @@ use coalesce::{CheckArgs, Part};
 use conn::redis_error;
 use keys::{key_names, quota_key_names, script_code};
 use options::config_error;
-pub use options::{RedisOptions, RedisTarget, redact};
+pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
 use redis::cluster_routing::Slot;
 
@@ -103,6 +103,10 @@ struct Inner {
     over_limit: Option<OverLimitCache>,
     /// Local balances of leased keys (`consistency: leased`).
     leases: lease::Leases,
+    /// Behind Sentinel: the master's address last seen, and whether the
+    /// task that watches for it moving runs.
+    sentinel_master: parking_lot::Mutex<Option<String>>,
+    sentinel_watch: AtomicBool,
 }
 
 /// The Redis or Redis Cluster store.
@@ -159,6 +163,9 @@ impl RedisStore {
         let urls = match &options.target {
             RedisTarget::Standalone(url) => vec![url.as_str()],
             RedisTarget::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            RedisTarget::Sentinel { sentinels, .. } => {
+                sentinels.iter().map(String::as_str).collect()
+            }
         };
         if cfg!(not(feature = "insecure-redis-tls"))
             && urls.iter().any(|u| u.ends_with("#insecure"))
@@ -176,6 +183,22 @@ impl RedisStore {
                 redis::cluster::ClusterClient::new(nodes.clone())
                     .map_err(|e| config_error(&nodes.join(","), &e))?;
             }
+            RedisTarget::Sentinel {
+                master,
+                sentinels,
+                master_prefix,
+            } => {
+                if master.is_empty() || sentinels.is_empty() {
+                    return Err(StoreError::Config(
+                        "Redis Sentinel needs the master's name and at least one sentinel".into(),
+                    ));
+                }
+                for url in sentinels {
+                    redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+                }
+                let example = format!("{master_prefix}127.0.0.1:6379");
+                redis::Client::open(example.as_str()).map_err(|e| config_error(&example, &e))?;
+            }
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -190,6 +213,8 @@ impl RedisStore {
                 confirming: AtomicBool::new(false),
                 generation: AtomicUsize::new(0),
                 leases: lease::Leases::default(),
+                sentinel_master: parking_lot::Mutex::new(None),
+                sentinel_watch: AtomicBool::new(false),
             }),
         })
     }
@@ -291,6 +316,12 @@ impl RedisStore {
             Err(e) => {
                 if e.is_transient() {
                     self.failed(&e);
+                    // Behind Sentinel, a failing master may have been
+                    // replaced (a demoted one answers READONLY): every
+                    // worker asks the sentinels again on its next call.
+                    if matches!(self.inner.options.target, RedisTarget::Sentinel { .. }) {
+                        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+                    }
                 }
                 Err(e)
             }

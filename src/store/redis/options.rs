@@ -42,6 +42,17 @@ pub enum RedisTarget {
     Standalone(String),
     /// Redis Cluster seed nodes.
     Cluster(Vec<String>),
+    /// A master found through Redis Sentinel, and found again after a
+    /// failover.
+    Sentinel {
+        /// The master's name as the sentinels know it.
+        master: String,
+        /// Sentinel URLs (`redis://[:password@]host:port`).
+        sentinels: Vec<String>,
+        /// The master's URL before its `host:port`: `redis://`,
+        /// `rediss://`, with credentials (`redis://:password@`).
+        master_prefix: String,
+    },
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -53,6 +64,16 @@ impl std::fmt::Debug for RedisTarget {
             RedisTarget::Cluster(nodes) => f
                 .debug_tuple("Cluster")
                 .field(&redact(&nodes.join(",")))
+                .finish(),
+            RedisTarget::Sentinel {
+                master,
+                sentinels,
+                master_prefix,
+            } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", &redact(&sentinels.join(",")))
+                .field("master_prefix", &redact(&format!("{master_prefix}host")))
                 .finish(),
         }
     }
@@ -75,6 +96,8 @@ pub struct RedisOptions {
     pub over_limit_cache: bool,
     /// PEM CA certificates to trust for `rediss://` instead of the system's.
     pub tls_ca: Option<Vec<u8>>,
+    /// PEM client certificate chain and key for `rediss://` (mutual TLS).
+    pub tls_client: Option<(Vec<u8>, Vec<u8>)>,
     /// How many concurrent requests one script call may carry.
     pub batch: BatchBounds,
 }
@@ -90,6 +113,7 @@ impl RedisOptions {
             probe_interval: Duration::from_millis(250),
             over_limit_cache: false,
             tls_ca: None,
+            tls_client: None,
             batch: BatchBounds::default(),
         }
     }
@@ -97,4 +121,35 @@ impl RedisOptions {
 
 pub(super) fn config_error(target: &str, e: &RedisError) -> StoreError {
     StoreError::Config(format!("invalid Redis address '{}': {e}", redact(target)))
+}
+
+/// Percent-encodes a URL's user or password part (RFC 3986 unreserved
+/// characters stay), so `@`, `/`, `#` or `:` in a password cannot end it.
+pub fn userinfo_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `scheme://[user:]password@` for a password given as `password` or
+/// `user:password` (split at the first colon), escaped; `scheme://`
+/// without one.
+pub fn url_prefix(scheme: &str, auth: Option<&str>) -> String {
+    match auth {
+        None => format!("{scheme}://"),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => format!(
+                "{scheme}://{}:{}@",
+                userinfo_escape(user),
+                userinfo_escape(password)
+            ),
+            None => format!("{scheme}://:{}@", userinfo_escape(auth)),
+        },
+    }
 }
