@@ -17,6 +17,7 @@
 //! - [`logging`]: log output; calls refused at the HTTP/2 level, counted.
 //! - [`stats`]: the reference's stat names: statsd output, and a Prometheus
 //!   endpoint through a statsd-exporter mapping file.
+//! - [`otel`]: OTLP tracing spans for ShouldRateLimit calls.
 //! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
@@ -30,6 +31,7 @@ pub mod clock;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
 pub mod reload;
 pub mod rlqs;
 pub mod rls;

@@ -31,13 +31,29 @@ pub use server::UnaryBody;
 pub struct RlsService {
     limiter: Arc<Limiter>,
     candidate: Option<Arc<Candidate>>,
+    otel: Option<Arc<crate::otel::Otel>>,
 }
 
 impl RlsService {
     /// Serves `limiter`; every request is also shown to the `candidate`
     /// rules, if any (they never change the answer).
     pub fn new(limiter: Arc<Limiter>, candidate: Option<Arc<Candidate>>) -> Self {
-        Self { limiter, candidate }
+        Self {
+            limiter,
+            candidate,
+            otel: None,
+        }
+    }
+
+    /// Records a span for each call.
+    pub fn with_tracing(mut self, otel: Option<Arc<crate::otel::Otel>>) -> Self {
+        self.otel = otel;
+        self
+    }
+
+    /// The tracer, when tracing is on.
+    pub(crate) fn tracing(&self) -> Option<&Arc<crate::otel::Otel>> {
+        self.otel.as_ref()
     }
 
     /// The HTTP/2 service for this, refusing requests above the limiter's
@@ -74,10 +90,47 @@ impl RlsService {
             // handler's future small.
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
+        self.answer(&domain_request, decided)
+    }
+
+    /// [`RlsService::decision`] inside a span, continuing the trace in
+    /// `headers`, with a child span for the store call.
+    async fn traced_decision(
+        &self,
+        otel: &crate::otel::Otel,
+        headers: &http::HeaderMap,
+        request: &RateLimitRequest,
+    ) -> Result<Decision, Status> {
+        let span = otel.request_span(headers, &request.domain, request.descriptors.len());
+        let result = match to_domain(request) {
+            Err(status) => Err(status),
+            Ok(domain_request) => {
+                let (decided, store) = self.limiter.should_rate_limit_timed(&domain_request).await;
+                if let Some(call) = &store {
+                    otel.store_span(&span, call.start, call.end, call.error.as_deref());
+                }
+                self.answer(&domain_request, decided)
+            }
+        };
+        span.finish(match &result {
+            Ok(d) if d.over_limit => Ok("OVER_LIMIT"),
+            Ok(_) => Ok("OK"),
+            Err(status) => Err(status.message()),
+        });
+        result
+    }
+
+    /// The answer to a decided request (shown to the candidate rules), or
+    /// the gRPC status to fail it with.
+    fn answer(
+        &self,
+        domain_request: &limiter::Request<'_>,
+        decided: Result<Decision, LimitError>,
+    ) -> Result<Decision, Status> {
         match decided {
             Ok(decision) => {
                 if let Some(candidate) = &self.candidate {
-                    candidate.observe(&domain_request, decision.over_limit);
+                    candidate.observe(domain_request, decision.over_limit);
                 }
                 Ok(decision)
             }

@@ -85,18 +85,25 @@ where
         }
         let service = self.service.clone();
         let max = self.max_request_bytes;
+        if let Some(otel) = service.tracing().cloned() {
+            let headers = request.headers().clone();
+            return Box::pin(async move {
+                let request = match read_request(request.into_body(), max).await {
+                    Ok(request) => request,
+                    Err(status) => return Ok(status_reply(&status)),
+                };
+                Ok(
+                    match service.traced_decision(&otel, &headers, &request).await {
+                        Ok(decision) => ok_reply(&decision),
+                        Err(status) => status_reply(&status),
+                    },
+                )
+            });
+        }
         Box::pin(async move {
-            let message = match read_message(request.into_body(), max).await {
-                Ok(message) => message,
-                Err(status) => return Ok(status_reply(&status)),
-            };
-            let request = match RateLimitRequest::decode(message) {
+            let request = match read_request(request.into_body(), max).await {
                 Ok(request) => request,
-                Err(e) => {
-                    return Ok(status_reply(&Status::invalid_argument(format!(
-                        "request is not a RateLimitRequest: {e}"
-                    ))));
-                }
+                Err(status) => return Ok(status_reply(&status)),
             };
             Ok(match service.decision(&request).await {
                 Ok(decision) => ok_reply(&decision),
@@ -104,6 +111,17 @@ where
             })
         })
     }
+}
+
+/// The call's RateLimitRequest, or the status to refuse it with.
+async fn read_request<B>(body: B, max: usize) -> Result<RateLimitRequest, Status>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let message = read_message(body, max).await?;
+    RateLimitRequest::decode(message)
+        .map_err(|e| Status::invalid_argument(format!("request is not a RateLimitRequest: {e}")))
 }
 
 /// The one message of a unary call, without its 5-byte prefix; at most

@@ -112,6 +112,8 @@ pub struct Serve {
     /// The reference's stats as Prometheus metrics: the listener, the path
     /// and the mapping.
     pub reference_metrics: Option<ReferenceMetrics>,
+    /// Tracing of ShouldRateLimit calls.
+    pub otel: Option<Arc<crate::otel::Otel>>,
 }
 
 /// The reference's stats served as Prometheus metrics.
@@ -145,6 +147,7 @@ pub fn run(
         xds,
         statsd,
         reference_metrics,
+        otel,
     } = serve;
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
@@ -161,6 +164,7 @@ pub fn run(
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
         let service = RlsService::new(limiter.clone(), candidate.as_ref().map(|(c, _)| c.clone()))
+            .with_tracing(otel.clone())
             .into_server();
         let quota_service =
             RlqsService::new(quotas.clone()).into_server(limiter.options().bounds.request_bytes);

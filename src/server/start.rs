@@ -94,6 +94,20 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         admin.push(listener);
     }
     let reference_metrics = reference_metrics(args)?;
+    let otel = match args.otel.options() {
+        None => None,
+        Some(options) => {
+            let otel = crate::otel::Otel::start(&options)
+                .map_err(|e| format!("tracing not started: {e}; not starting"))?;
+            tracing::info!(
+                endpoint = options.endpoint.as_deref().unwrap_or("OTEL_EXPORTER_OTLP_ENDPOINT or the default"),
+                protocol = ?options.protocol,
+                sampling_rate = options.sampling_rate,
+                "tracing ShouldRateLimit calls (OTLP)"
+            );
+            Some(Arc::new(otel))
+        }
+    };
     if let Some(addr) = listeners.first().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, workers, "gRPC listening");
     }
@@ -161,8 +175,14 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         admin_tls: args.admin_tls == OnOff::On,
         statsd: args.stats.statsd_options(),
         reference_metrics,
+        otel: otel.clone(),
     };
-    super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string())
+    let served = super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string());
+    // Spans still buffered are sent before the process ends.
+    if let Some(otel) = otel.and_then(|o| Arc::try_unwrap(o).ok()) {
+        otel.shutdown();
+    }
+    served
 }
 
 /// The reference's stats as Prometheus metrics, when asked for: the

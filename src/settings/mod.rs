@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod otel;
 mod redis_url;
 mod reference;
 mod reference_stats;
@@ -16,6 +17,7 @@ mod stats;
 mod unknown;
 mod xds;
 
+pub use otel::{OtelArgs, TracingProtocol};
 pub use redis_url::RedisUrl;
 pub use reference::REFERENCE_PROGRAM;
 pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
@@ -349,6 +351,10 @@ pub struct ServeArgs {
     /// The reference's stats.
     #[command(flatten)]
     pub stats: StatsArgs,
+
+    /// Tracing.
+    #[command(flatten)]
+    pub otel: OtelArgs,
 
     /// Quota service (RLQS): how long Envoy keeps an assignment without
     /// hearing from Tollgate before its `expired_assignment_behavior`

@@ -283,6 +283,7 @@ impl ServeArgs {
         }
         self.apply_reference_tls(env, explicit)?;
         self.apply_reference_stats(env, explicit)?;
+        self.apply_reference_tracing(env, explicit)?;
         if let Some(on) = truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
             let explicit = explicit("response_headers");
             adopt(

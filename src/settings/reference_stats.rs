@@ -1,6 +1,6 @@
-//! The reference's stats variables: `USE_STATSD` and its `STATSD_*`,
-//! `USE_DOG_STATSD`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`, `USE_PROMETHEUS`
-//! with `PROMETHEUS_*`, and `DISABLE_STATS`.
+//! The reference's observability variables: `USE_STATSD` and its
+//! `STATSD_*`, `USE_DOG_STATSD`, `EXTRA_TAGS`, `STATS_FLUSH_INTERVAL`,
+//! `USE_PROMETHEUS` with `PROMETHEUS_*`, `DISABLE_STATS`, and `TRACING_*`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -124,6 +124,98 @@ impl ServeArgs {
                     "PROMETHEUS_MAPPER_YAML",
                 )?;
             }
+        }
+        Ok(())
+    }
+
+    /// Maps the reference's `TRACING_*` variables onto `--tracing*`; the
+    /// exporter reads `OTEL_EXPORTER_OTLP_ENDPOINT` itself.
+    pub(super) fn apply_reference_tracing(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        explicit: &dyn Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let set = |name: &str| {
+            env(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        match set("TRACING_ENABLED")
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("false" | "0" | "no") => return Ok(()),
+            Some("true" | "1" | "yes") => {}
+            Some(other) => return Err(format!("TRACING_ENABLED={other}: expected true or false")),
+        }
+        let t = &mut self.otel;
+        adopt(
+            &mut t.tracing,
+            OnOff::On,
+            explicit("tracing"),
+            "tracing",
+            "TRACING_ENABLED",
+        )?;
+        if let Some(protocol) = set("TRACING_EXPORTER_PROTOCOL") {
+            let protocol = match protocol.to_ascii_lowercase().as_str() {
+                "http" => super::TracingProtocol::Http,
+                "grpc" => super::TracingProtocol::Grpc,
+                other => {
+                    return Err(format!(
+                        "TRACING_EXPORTER_PROTOCOL={other}: expected http or grpc"
+                    ));
+                }
+            };
+            adopt(
+                &mut t.tracing_protocol,
+                protocol,
+                explicit("tracing_protocol"),
+                "tracing-protocol",
+                "TRACING_EXPORTER_PROTOCOL",
+            )?;
+        }
+        // The reference's default service name.
+        let name = set("TRACING_SERVICE_NAME").unwrap_or_else(|| "RateLimit".into());
+        adopt(
+            &mut t.tracing_service_name,
+            name,
+            explicit("tracing_service_name"),
+            "tracing-service-name",
+            "TRACING_SERVICE_NAME",
+        )?;
+        if let Some(ns) = set("TRACING_SERVICE_NAMESPACE") {
+            adopt(
+                &mut t.tracing_service_namespace,
+                Some(ns),
+                explicit("tracing_service_namespace"),
+                "tracing-service-namespace",
+                "TRACING_SERVICE_NAMESPACE",
+            )?;
+        }
+        if let Some(id) = set("TRACING_SERVICE_INSTANCE_ID") {
+            adopt(
+                &mut t.tracing_service_instance_id,
+                Some(id),
+                explicit("tracing_service_instance_id"),
+                "tracing-service-instance-id",
+                "TRACING_SERVICE_INSTANCE_ID",
+            )?;
+        }
+        if let Some(rate) = set("TRACING_SAMPLING_RATE") {
+            let value = rate
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    format!("TRACING_SAMPLING_RATE={rate}: expected a number from 0 to 1")
+                })?;
+            adopt(
+                &mut t.tracing_sampling_rate,
+                value,
+                explicit("tracing_sampling_rate"),
+                "tracing-sampling-rate",
+                "TRACING_SAMPLING_RATE",
+            )?;
         }
         Ok(())
     }

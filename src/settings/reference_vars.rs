@@ -59,7 +59,6 @@ const FALSE: &[&str] = &["false", "0", "no"];
 const POOLS: &str =
     "Tollgate multiplexes one connection per worker and batches requests into script calls itself";
 const MEMCACHE: &str = "read only with BACKEND_TYPE=memcache, which Tollgate refuses";
-const NOT_YET: &str = "not supported by Tollgate yet";
 
 /// Every variable of envoyproxy/ratelimit's settings, in its order.
 pub const REFERENCE_VARS: &[ReferenceVar] = &[
@@ -363,27 +362,24 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
         "descriptor metadata in the response's dynamic metadata is not supported by Tollgate yet",
     ),
     honoured("MERGE_DOMAIN_CONFIG", "--merge-domains"),
-    refused("TRACING_ENABLED", FALSE, NOT_YET),
-    no_effect(
+    honoured(
+        "TRACING_ENABLED",
+        "--tracing on: an OTLP span per ShouldRateLimit call (the endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)",
+    ),
+    honoured(
         "TRACING_SERVICE_NAME",
-        "read only with TRACING_ENABLED=true",
+        "--tracing-service-name (default RateLimit, as the reference)",
     ),
-    no_effect(
-        "TRACING_SERVICE_NAMESPACE",
-        "read only with TRACING_ENABLED=true",
-    ),
-    no_effect(
+    honoured("TRACING_SERVICE_NAMESPACE", "--tracing-service-namespace"),
+    honoured(
         "TRACING_SERVICE_INSTANCE_ID",
-        "read only with TRACING_ENABLED=true",
+        "--tracing-service-instance-id",
     ),
-    no_effect(
+    honoured(
         "TRACING_EXPORTER_PROTOCOL",
-        "read only with TRACING_ENABLED=true",
+        "--tracing-protocol (http or grpc)",
     ),
-    no_effect(
-        "TRACING_SAMPLING_RATE",
-        "read only with TRACING_ENABLED=true",
-    ),
+    honoured("TRACING_SAMPLING_RATE", "--tracing-sampling-rate"),
 ];
 
 /// Variables Envoy Gateway sets that the reference itself does not read.
@@ -520,13 +516,13 @@ mod tests {
         let loud = env(&[
             ("USE_DOG_STATSD_MOGRIFIERS", "x"),
             ("GRPC_UDS", "/tmp/rl.sock"),
-            ("TRACING_ENABLED", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
         ]);
         let error = refused_vars(&loud).expect_err("refused");
         for name in [
             "USE_DOG_STATSD_MOGRIFIERS=x",
             "GRPC_UDS=/tmp/rl.sock",
-            "TRACING_ENABLED=true",
+            "RESPONSE_DYNAMIC_METADATA=true",
         ] {
             assert!(error.contains(name), "{error}");
         }
