@@ -10,6 +10,11 @@
 //! regular output (a client could flood it), counts them
 //! (`tollgate_grpc_protocol_errors_total`) and logs a summary at most once per
 //! [`REFUSED_LOG_INTERVAL`].
+//!
+//! The Redis client's own warnings get the same treatment: a Cluster
+//! failover makes it warn thousands of times ("connection lost; repairing",
+//! one per request), so they are summarised too (how many, and the last),
+//! once per interval; its errors still print as they come.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,23 +35,53 @@ pub const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest refusal reason kept for the log.
 const MAX_REASON_BYTES: usize = 300;
 
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-static LAST_REASON: Mutex<String> = Mutex::new(String::new());
+/// The Redis client's log target prefix.
+const REDIS_TARGET: &str = "redis";
+
+/// Events of one kind, counted, with the last one's message.
+struct Summarised {
+    count: AtomicU64,
+    last: Mutex<String>,
+}
+
+impl Summarised {
+    const fn new() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            last: Mutex::new(String::new()),
+        }
+    }
+
+    /// Counts one event and keeps its message for the next summary.
+    fn record(&self, message: &str) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last.lock();
+        last.clear();
+        last.push_str(crate::metrics::truncated(message, MAX_REASON_BYTES));
+    }
+
+    /// The total, the events since `seen` and the last message, if any
+    /// happened since `seen`.
+    fn since(&self, seen: u64) -> Option<(u64, u64, String)> {
+        let total = self.count.load(Ordering::Relaxed);
+        (total > seen).then(|| (total, total - seen, self.last.lock().clone()))
+    }
+}
+
+static REFUSALS: Summarised = Summarised::new();
+static REDIS_WARNINGS: Summarised = Summarised::new();
 
 /// gRPC streams and connections refused at the protocol level so far.
 pub fn refused_total() -> u64 {
-    REFUSED.load(Ordering::Relaxed)
+    REFUSALS.count.load(Ordering::Relaxed)
 }
 
 /// Counts one refusal and keeps its reason for the next summary.
 fn record_refusal(reason: &str) {
-    REFUSED.fetch_add(1, Ordering::Relaxed);
-    let mut last = LAST_REASON.lock();
-    last.clear();
-    last.push_str(crate::metrics::truncated(reason, MAX_REASON_BYTES));
+    REFUSALS.record(reason);
 }
 
-/// The layer that sees h2's refusal events.
+/// The layer that sees h2's refusal events and the Redis client's warnings.
 struct Refusals;
 
 struct Message(String);
@@ -70,25 +105,40 @@ impl<S: tracing::Subscriber> Layer<S> for Refusals {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let mut message = Message(String::new());
         event.record(&mut message);
-        record_refusal(&message.0);
+        if event.metadata().target().starts_with(REDIS_TARGET) {
+            // The client's errors print as they come (and are not counted).
+            if *event.metadata().level() == tracing::Level::ERROR {
+                return;
+            }
+            REDIS_WARNINGS.record(&message.0);
+        } else {
+            record_refusal(&message.0);
+        }
     }
 }
 
 /// What a summary of refusals says, if there were any since `seen`.
 /// Returns the new total and the line's fields.
 fn summary(seen: u64) -> Option<(u64, u64, String)> {
-    let total = refused_total();
-    (total > seen).then(|| (total, total - seen, LAST_REASON.lock().clone()))
+    REFUSALS.since(seen)
 }
 
-/// Logs, at most once per [`REFUSED_LOG_INTERVAL`], how many calls were
-/// refused at the protocol level since the last line, with the last reason.
-fn log_refusals_forever() {
-    let mut seen = 0;
+/// Logs, at most once per [`REFUSED_LOG_INTERVAL`] each, how many calls were
+/// refused at the protocol level and how many warnings the Redis client
+/// gave since the last line, with the last reason.
+fn log_summaries_forever() {
+    let interval = REFUSED_LOG_INTERVAL.as_secs();
+    let (mut refused_seen, mut redis_seen) = (0, 0);
+    let (mut refused_quiet, mut redis_quiet) = (0u64, 0u64);
     loop {
         std::thread::sleep(Duration::from_secs(1));
-        if let Some((total, new, last)) = summary(seen) {
-            seen = total;
+        refused_quiet = refused_quiet.saturating_sub(1);
+        redis_quiet = redis_quiet.saturating_sub(1);
+        if refused_quiet == 0
+            && let Some((total, new, last)) = summary(refused_seen)
+        {
+            refused_seen = total;
+            refused_quiet = interval;
             tracing::warn!(
                 refused = new,
                 total,
@@ -96,7 +146,18 @@ fn log_refusals_forever() {
                 "gRPC calls or connections refused at the HTTP/2 protocol level \
                  (Envoy answers these from its failure_mode_deny)"
             );
-            std::thread::sleep(REFUSED_LOG_INTERVAL - Duration::from_secs(1));
+        }
+        if redis_quiet == 0
+            && let Some((total, new, last)) = REDIS_WARNINGS.since(redis_seen)
+        {
+            redis_seen = total;
+            redis_quiet = interval;
+            tracing::warn!(
+                warnings = new,
+                total,
+                last = %last,
+                "the Redis client warned (summarised: at most one line per 10 s)"
+            );
         }
     }
 }
@@ -106,11 +167,17 @@ fn log_refusals_forever() {
 pub fn init(level: &str, json: bool) -> Result<(), String> {
     let filter = EnvFilter::try_new(level)
         .map_err(|e| format!("invalid log level '{level}': {e}"))?
-        // Refusals are summarised by `log_refusals_forever`, never printed
-        // one by one (`level` could not turn them on: this directive is
-        // more specific than any target prefix but h2::refused itself).
+        // Refusals and the Redis client's warnings are summarised by
+        // `log_summaries_forever`, never printed one by one (`level` could
+        // not turn refusals on: this directive is more specific than any
+        // target prefix but h2::refused itself).
         .add_directive(
             format!("{REFUSED_TARGET}=off")
+                .parse()
+                .map_err(|e| format!("{e}"))?,
+        )
+        .add_directive(
+            format!("{REDIS_TARGET}=error")
                 .parse()
                 .map_err(|e| format!("{e}"))?,
         );
@@ -129,16 +196,20 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
             .with_filter(filter)
             .boxed()
     };
-    let refusals =
-        Refusals.with_filter(Targets::new().with_target(REFUSED_TARGET, tracing::Level::WARN));
+    let refusals = Refusals.with_filter(
+        Targets::new()
+            .with_target(REFUSED_TARGET, tracing::Level::WARN)
+            // Warnings only: the client's errors print as they come.
+            .with_target(REDIS_TARGET, tracing::Level::WARN),
+    );
     tracing_subscriber::registry()
         .with(output)
         .with(refusals)
         .try_init()
         .map_err(|e| e.to_string())?;
     std::thread::Builder::new()
-        .name("tollgate-refusals".into())
-        .spawn(log_refusals_forever)
+        .name("tollgate-log-summaries".into())
+        .spawn(log_summaries_forever)
         .map_err(|e| e.to_string())?;
     Ok(())
 }

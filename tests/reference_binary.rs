@@ -179,6 +179,8 @@ async fn tollgate_serve_takes_grpc_tls_from_the_references_variables_too() {
             ("GRPC_SERVER_TLS_CERT", &cert),
             ("GRPC_SERVER_TLS_KEY", &key),
             ("GRPC_CLIENT_TLS_CACERT", &ca),
+            // The client certificate's SAN is DNS:envoy.
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
         ],
     );
     let ok = tls_call(server.addr, client_config(&pki, "ca", Some("client")))
@@ -190,5 +192,23 @@ async fn tollgate_serve_takes_grpc_tls_from_the_references_variables_too() {
             .await
             .is_err(),
         "GRPC_CLIENT_TLS_CACERT requires a client certificate"
+    );
+    // A certificate from the right CA without the SAN is refused.
+    let strict = Tollgate::start_with_env(
+        RULES,
+        &[],
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_CLIENT_TLS_CACERT", &ca),
+            ("GRPC_CLIENT_TLS_SAN", "istio-ingressgateway"),
+        ],
+    );
+    assert!(
+        tls_call(strict.addr, client_config(&pki, "ca", Some("client")))
+            .await
+            .is_err(),
+        "a client certificate without the SAN is refused"
     );
 }

@@ -69,6 +69,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.tls_client_ca.clone(),
+                client_san: args.tls_client_san.clone(),
             };
             let tls = super::Tls::load(files)
                 .map_err(|e| format!("TLS not loaded: {e}; not starting"))?;
@@ -261,6 +262,7 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
     options.timeout = args.redis_timeout;
     options.prefix = args.redis_prefix.clone();
     options.breaker_threshold = args.redis_breaker;
+    options.probe_timeout = args.redis_probe_timeout;
     options.over_limit_cache = args.over_limit_cache == OnOff::On;
     options.batch.requests = args.redis_batch as usize;
     if let Some(path) = &args.redis_tls_ca {

@@ -12,7 +12,9 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tokio_rustls::TlsAcceptor;
 
 /// Where the certificate, its key and (for mTLS) the client CA are.
@@ -25,6 +27,9 @@ pub struct TlsFiles {
     /// PEM CA certificates that client certificates must chain to; `None`
     /// serves TLS without asking clients for a certificate.
     pub client_ca: Option<PathBuf>,
+    /// A name (DNS name or IP address) a client certificate's SAN must
+    /// carry, beyond chaining to `client_ca`.
+    pub client_san: Option<String>,
 }
 
 /// The server's TLS configurations, one per protocol (ALPN), swapped
@@ -149,7 +154,18 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<(ServerConfig, Serv
                 )
                 .build()
                 .map_err(|e| format!("{}: {e}", ca_path.display()))?;
-                builder.with_client_cert_verifier(verifier)
+                match &files.client_san {
+                    None => builder.with_client_cert_verifier(verifier),
+                    Some(san) => {
+                        let name = ServerName::try_from(san.clone()).map_err(|_| {
+                            format!("client SAN {san:?}: not a DNS name or an IP address")
+                        })?;
+                        builder.with_client_cert_verifier(Arc::new(RequireSan {
+                            inner: verifier,
+                            name,
+                        }))
+                    }
+                }
             }
             _ => builder.with_no_client_auth(),
         };
@@ -160,4 +176,66 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<(ServerConfig, Serv
         Ok(config)
     };
     Ok((build(b"h2")?, build(b"http/1.1")?))
+}
+
+/// A client certificate verifier that also wants a name in the
+/// certificate's SAN (the reference's `GRPC_CLIENT_TLS_SAN`).
+#[derive(Debug)]
+struct RequireSan {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for RequireSan {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
+        })?;
+        cert.verify_is_valid_for_subject_name(&self.name)
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }

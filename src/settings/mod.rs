@@ -216,6 +216,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// A DNS name or IP address client certificates must carry in their
+    /// SAN (beyond chaining to --tls-client-ca).
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_SAN", requires = "tls_client_ca")]
+    pub tls_client_san: Option<String>,
+
     /// Whether the admin listeners serve TLS too when --tls-cert is given
     /// (`off`: TLS on gRPC only, as the reference's GRPC_SERVER_USE_TLS does,
     /// so plain HTTP health probes keep working).
@@ -274,6 +279,12 @@ pub struct ServeArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate:")]
     pub redis_prefix: String,
+
+    /// How long the PING that confirms a Redis outage may take (connecting
+    /// included): a Redis slower than --redis-timeout under load but
+    /// answering within this is not down, and the circuit stays closed.
+    #[arg(long, env = "TOLLGATE_REDIS_PROBE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub redis_probe_timeout: Duration,
 
     /// Redis failures in a row after which Tollgate stops waiting on Redis
     /// and probes it in the background.

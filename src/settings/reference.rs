@@ -469,6 +469,21 @@ impl ServeArgs {
             "admin-tls",
             "GRPC_SERVER_USE_TLS",
         )?;
+        let san = file("GRPC_CLIENT_TLS_SAN").map(|p| p.display().to_string());
+        if san.is_some() && ca.is_none() {
+            return Err(
+                "GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT (client certificates)".into(),
+            );
+        }
+        if san.is_some() {
+            adopt(
+                &mut self.tls_client_san,
+                san,
+                explicit("tls_client_san"),
+                "tls-client-san",
+                "GRPC_CLIENT_TLS_SAN",
+            )?;
+        }
         if ca.is_some() {
             adopt(
                 &mut self.tls_client_ca,

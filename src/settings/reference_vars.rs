@@ -94,10 +94,9 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured("GRPC_SERVER_TLS_CERT", "--tls-cert"),
     honoured("GRPC_SERVER_TLS_KEY", "--tls-key"),
     honoured("GRPC_CLIENT_TLS_CACERT", "--tls-client-ca"),
-    refused(
+    honoured(
         "GRPC_CLIENT_TLS_SAN",
-        &[],
-        "checking a client certificate's SAN is not supported by Tollgate yet (any certificate from --tls-client-ca is accepted)",
+        "--tls-client-san: client certificates must carry this DNS name or IP address",
     ),
     honoured("LOG_LEVEL", "--log-level"),
     honoured("LOG_FORMAT", "--log-format"),

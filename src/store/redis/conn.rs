@@ -52,9 +52,13 @@ thread_local! {
 
 impl RedisStore {
     pub(super) async fn connect(&self) -> Result<Conn, RedisError> {
-        let timeout = self.inner.options.timeout;
+        self.connect_within(self.inner.options.timeout).await
+    }
+
+    /// A new connection whose connecting and answers may each take `timeout`.
+    async fn connect_within(&self, timeout: std::time::Duration) -> Result<Conn, RedisError> {
         match &self.inner.options.target {
-            RedisTarget::Standalone(url) => self.connect_one(url).await,
+            RedisTarget::Standalone(url) => self.connect_one(url, timeout).await,
             RedisTarget::Sentinel {
                 master,
                 sentinels,
@@ -63,7 +67,8 @@ impl RedisStore {
                 let addr = master_address(master, sentinels, timeout).await?;
                 *self.inner.sentinel_master.lock() = Some(addr.clone());
                 self.watch_master();
-                self.connect_one(&format!("{master_prefix}{addr}")).await
+                self.connect_one(&format!("{master_prefix}{addr}"), timeout)
+                    .await
             }
             RedisTarget::Cluster(nodes) => {
                 let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
@@ -133,8 +138,11 @@ impl RedisStore {
     }
 
     /// A connection to one server, reconnecting to it by itself.
-    async fn connect_one(&self, url: &str) -> Result<Conn, RedisError> {
-        let timeout = self.inner.options.timeout;
+    async fn connect_one(
+        &self,
+        url: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Conn, RedisError> {
         let client = match self.tls_certificates() {
             Some(certs) => redis::Client::build_with_tls(url, certs)?,
             None => redis::Client::open(url)?,
@@ -197,11 +205,24 @@ impl RedisStore {
         self.timed(conn.ping()).await
     }
 
-    /// Connects afresh and sends PING: what the circuit breaker probes with,
-    /// since a connection made before an outage may be stuck reconnecting.
+    /// Connects afresh and sends PING, within the probe timeout: what the
+    /// circuit breaker probes with, since a connection made before an
+    /// outage may be stuck reconnecting.
     pub async fn probe(&self) -> Result<(), StoreError> {
-        let mut conn = self.timed(self.connect()).await?;
-        self.timed(conn.ping()).await
+        let within = self
+            .inner
+            .options
+            .probe_timeout
+            .max(self.inner.options.timeout);
+        let probe = async {
+            let mut conn = self.connect_within(within).await?;
+            conn.ping().await
+        };
+        match tokio::time::timeout(within, probe).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(redis_error(&e)),
+            Err(_) => Err(StoreError::Timeout(within)),
+        }
     }
 }
 

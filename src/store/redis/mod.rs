@@ -284,13 +284,15 @@ impl RedisStore {
 
     /// Decides `checks` at `now` in Redis, all or nothing.
     async fn decide_exact(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
-        if self.circuit_open() {
-            return Err(StoreError::CircuitOpen);
-        }
+        // Before the circuit: a key known to be over its limit stays refused
+        // while Redis is down, whatever the failure mode says.
         if let Some(cache) = &self.inner.over_limit
             && cache.answer(checks, now)
         {
             return Ok(());
+        }
+        if self.circuit_open() {
+            return Err(StoreError::CircuitOpen);
         }
         // One bound for the decision, from now: connecting (first use, or
         // after an outage) and the script calls. The coalescer holds each

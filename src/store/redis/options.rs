@@ -92,6 +92,10 @@ pub struct RedisOptions {
     pub breaker_threshold: u32,
     /// How often an open circuit probes Redis.
     pub probe_interval: Duration,
+    /// How long the PING that confirms an outage (and the ones that look
+    /// for the end of it) may take: longer than `timeout`, so a Redis that
+    /// is slow under load is not taken for a Redis that is down.
+    pub probe_timeout: Duration,
     /// Cache keys known to be over their limit until they reset.
     pub over_limit_cache: bool,
     /// PEM CA certificates to trust for `rediss://` instead of the system's.
@@ -111,6 +115,7 @@ impl RedisOptions {
             timeout: Duration::from_millis(10),
             breaker_threshold: 5,
             probe_interval: Duration::from_millis(250),
+            probe_timeout: Duration::from_secs(1),
             over_limit_cache: false,
             tls_ca: None,
             tls_client: None,
