@@ -8,6 +8,9 @@
 # the failure mode, the store timeouts and whether the circuit opened.
 #   bench/redis-saturation.sh
 #   TIMEOUTS="default 10ms" DURATION=6 LIMIT=5000 bench/redis-saturation.sh
+#   EXTRA="--redis-probe-timeout 10ms" TIMEOUTS=10ms bench/redis-saturation.sh
+#     (EXTRA: more serve flags for every run; this one probes as before
+#     --redis-probe-timeout existed)
 # Needs h2load (nghttp2-client) and redis-server; installs them when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +46,8 @@ for timeout in $timeouts; do
     redis-cli -p $rport FLUSHALL >/dev/null
     args=(--store redis --redis-url "redis://127.0.0.1:$rport")
     [ "$timeout" != default ] && args+=(--redis-timeout "$timeout")
+    # shellcheck disable=SC2206
+    [ -n "${EXTRA:-}" ] && args+=($EXTRA)
     target/release/tollgate serve --rules "$work/rules.yaml" --grpc-addr "127.0.0.1:$port" \
         --admin-addr "127.0.0.1:$((port + 1))" --workers 2 --log-level error --watch-rules off \
         "${args[@]}" >/dev/null &

@@ -81,7 +81,7 @@ fn record_refusal(reason: &str) {
     REFUSALS.record(reason);
 }
 
-/// The layer that sees h2's refusal events and the Redis client's warnings.
+/// The layer that sees h2's refusal events.
 struct Refusals;
 
 struct Message(String);
@@ -105,16 +105,29 @@ impl<S: tracing::Subscriber> Layer<S> for Refusals {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let mut message = Message(String::new());
         event.record(&mut message);
-        if event.metadata().target().starts_with(REDIS_TARGET) {
-            // The client's errors print as they come (and are not counted).
-            if *event.metadata().level() == tracing::Level::ERROR {
-                return;
-            }
-            REDIS_WARNINGS.record(&message.0);
-        } else {
-            record_refusal(&message.0);
-        }
+        record_refusal(&message.0);
     }
+}
+
+/// Records of dependencies that log through the `log` crate: the Redis
+/// client's warnings are counted for the summary; everything else becomes a
+/// tracing event, filtered and printed like Tollgate's own.
+struct LogBridge;
+
+impl log::Log for LogBridge {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if record.level() == log::Level::Warn && record.target().starts_with(REDIS_TARGET) {
+            REDIS_WARNINGS.record(&record.args().to_string());
+            return;
+        }
+        let _ = tracing_log::format_trace(record);
+    }
+
+    fn flush(&self) {}
 }
 
 /// What a summary of refusals says, if there were any since `seen`.
@@ -175,11 +188,6 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
             format!("{REFUSED_TARGET}=off")
                 .parse()
                 .map_err(|e| format!("{e}"))?,
-        )
-        .add_directive(
-            format!("{REDIS_TARGET}=error")
-                .parse()
-                .map_err(|e| format!("{e}"))?,
         );
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = if json {
@@ -196,17 +204,17 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
             .with_filter(filter)
             .boxed()
     };
-    let refusals = Refusals.with_filter(
-        Targets::new()
-            .with_target(REFUSED_TARGET, tracing::Level::WARN)
-            // Warnings only: the client's errors print as they come.
-            .with_target(REDIS_TARGET, tracing::Level::WARN),
-    );
+    let refusals =
+        Refusals.with_filter(Targets::new().with_target(REFUSED_TARGET, tracing::Level::WARN));
     tracing_subscriber::registry()
         .with(output)
         .with(refusals)
         .try_init()
         .map_err(|e| e.to_string())?;
+    log::set_boxed_logger(Box::new(LogBridge)).map_err(|e| e.to_string())?;
+    // Dependencies' debug and trace records are not wanted: not even
+    // formatted (the Redis client has some on every command).
+    log::set_max_level(log::LevelFilter::Info);
     std::thread::Builder::new()
         .name("tollgate-log-summaries".into())
         .spawn(log_summaries_forever)
@@ -228,5 +236,19 @@ mod tests {
         assert!(new >= 2);
         assert!(last.len() <= MAX_REASON_BYTES, "{}", last.len());
         assert_eq!(summary(total).map(|s| s.1), None);
+    }
+
+    #[test]
+    fn the_redis_clients_warnings_are_counted_not_printed_and_its_errors_pass() {
+        // The only test in this binary that installs the global logger.
+        init("info", false).expect("logging");
+        let before = REDIS_WARNINGS.since(0).map_or(0, |s| s.0);
+        for _ in 0..1000 {
+            log::warn!(target: "redis::cluster_handling::async_connection", "connection to node lost; repairing in background");
+        }
+        log::error!(target: "redis::cluster_handling::async_connection", "an error");
+        let (total, new, last) = REDIS_WARNINGS.since(before).expect("counted");
+        assert_eq!(new, 1000, "{total}");
+        assert!(last.contains("repairing"), "{last}");
     }
 }

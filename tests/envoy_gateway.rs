@@ -237,24 +237,54 @@ async fn envoy_gateways_default_deployment_runs_on_the_image_swap() {
     drop(server);
 }
 
-/// Reads statsd lines from a TCP listener until `want` all arrived (10 s).
-fn statsd_tcp_lines(listener: std::net::TcpListener, want: &[&str]) -> String {
+/// Counter totals (statsd sends increases: they are summed) and the timer
+/// names seen in statsd `text`.
+fn statsd_totals(text: &str) -> (std::collections::HashMap<String, u64>, Vec<String>) {
+    let mut counters = std::collections::HashMap::new();
+    let mut timers = Vec::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let mut parts = rest.split('|');
+        let (value, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        match kind {
+            "c" => {
+                *counters.entry(name.to_owned()).or_insert(0) += value.parse::<u64>().unwrap_or(0)
+            }
+            "ms" => timers.push(name.to_owned()),
+            _ => {}
+        }
+    }
+    (counters, timers)
+}
+
+/// Reads statsd lines from a TCP listener until every counter of `want`
+/// reached its total and `timer` was seen (10 s); the text read.
+fn statsd_tcp_lines(listener: std::net::TcpListener, want: &[(&str, u64)], timer: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     let (mut conn, _) = listener.accept().expect("statsd connection");
     conn.set_read_timeout(Some(Duration::from_millis(100)))
         .expect("timeout");
     let mut text = String::new();
-    while !want.iter().all(|w| text.contains(w)) {
+    loop {
+        let (counters, timers) = statsd_totals(&text);
+        if want
+            .iter()
+            .all(|(name, total)| counters.get(*name) == Some(total))
+            && timers.iter().any(|t| t == timer)
+        {
+            return text;
+        }
         assert!(
             Instant::now() < deadline,
-            "statsd lines {want:?}; got:\n{text}"
+            "statsd totals {want:?} and {timer}; got:\n{text}"
         );
         let mut buf = [0u8; 8192];
         if let Ok(n) = conn.read(&mut buf) {
             text.push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     }
-    text
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -279,11 +309,11 @@ async fn the_older_generation_reads_statsd_over_tcp_and_dogstatsd_over_udp() {
     let text = statsd_tcp_lines(
         listener,
         &[
-            "ratelimit.service.rate_limit.t.user.total_hits:2|c",
-            "ratelimit.service.rate_limit.t.user.over_limit:1|c",
-            "ratelimit_server.ShouldRateLimit.total_requests:2|c",
-            "ratelimit_server.ShouldRateLimit.response_time:",
+            ("ratelimit.service.rate_limit.t.user.total_hits", 2),
+            ("ratelimit.service.rate_limit.t.user.over_limit", 1),
+            ("ratelimit_server.ShouldRateLimit.total_requests", 2),
         ],
+        "ratelimit_server.ShouldRateLimit.response_time",
     );
     assert!(
         text.lines().all(|l| l.contains(':') && l.contains('|')),

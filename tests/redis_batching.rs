@@ -106,6 +106,45 @@ async fn two_instances_admit_exactly_the_limit_in_a_call_per_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_refill_a_lease_once_so_at_most_one_lease_is_unspent() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let rules = "domain: l\ndescriptors:\n  - key: big\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window, consistency: leased, lease: 10}\n";
+    let limiter = Arc::new(instance_with(&redis, &clock, rules));
+    // 64 requests in flight at a time, 20 rounds each.
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let limiter = limiter.clone();
+        tasks.push(tokio::spawn(async move {
+            let d: &[&[(&str, &str)]] = &[&[("big", "k")]];
+            admitted(&limiter, d, 20).await
+        }));
+    }
+    let mut admitted_total = 0;
+    for t in tasks {
+        admitted_total += t.await.expect("task");
+    }
+    assert_eq!(admitted_total, 64 * 20);
+    let keys = redis.cli(&["--scan"]);
+    let key = keys
+        .lines()
+        .find(|k| k.contains("big"))
+        .expect("the counter");
+    let counted: u64 = redis.cli(&["GET", key]).trim().parse().expect("a count");
+    assert!(
+        counted >= admitted_total as u64,
+        "{keys}: {counted} counted, {admitted_total} admitted"
+    );
+    let unspent = counted - admitted_total as u64;
+    // One instance holds at most one lease of 10 (the README's bound);
+    // before one refill per key, concurrent misses each took their own.
+    assert!(
+        unspent <= 10,
+        "{unspent} hits counted in Redis and not admitted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_dies_holding_a_lease_strands_at_most_its_lease() {
     let redis = RedisServer::start();
     let clock = start_clock();
@@ -295,4 +334,56 @@ descriptors:
         assert!(ttl > 0, "{key} has its expiry again");
         assert_eq!(redis.cli(&["GET", &key]).trim(), "11", "{key}: 10 + 1");
     }
+}
+
+/// A call that carries a request of several checks and then one-check
+/// requests on one of its keys counts every hit: the one-check requests
+/// used to read the several-check request's held-back values (stale after
+/// it committed), so each counted from the same number and hits were lost.
+#[tokio::test(flavor = "current_thread")]
+async fn one_check_requests_after_a_several_check_request_in_one_call_count_every_hit() {
+    let redis = RedisServer::start();
+    let clock = start_clock();
+    let rules = "domain: l\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n  - key: gate\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n";
+    let mut options = RedisOptions::new(RedisTarget::Standalone(redis.url()));
+    options.timeout = Duration::from_secs(3);
+    let limiter = Arc::new(instance_on(options, &clock, rules));
+    assert_eq!(admitted(&limiter, &[&[("gate", "warm")]], 1).await, 1);
+    // Redis held: the next request goes out alone and waits; the ones
+    // after it queue and go together in one call.
+    let sleeper = stall(&redis, "0.3");
+    let first = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { admitted(&limiter, &[&[("gate", "g")]], 1).await })
+    };
+    tokio::task::yield_now().await;
+    let pair = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { admitted(&limiter, &[&[("a", "k")], &[("b", "k")]], 1).await })
+    };
+    tokio::task::yield_now().await;
+    let mut singles = Vec::new();
+    for _ in 0..5 {
+        let limiter = limiter.clone();
+        singles.push(tokio::spawn(async move {
+            admitted(&limiter, &[&[("a", "k")]], 1).await
+        }));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(first.await.expect("first"), 1);
+    assert_eq!(pair.await.expect("pair"), 1);
+    for s in singles {
+        assert_eq!(s.await.expect("single"), 1);
+    }
+    sleeper.join().expect("sleeper");
+    let keys = redis.cli(&["--scan"]);
+    let a = keys
+        .lines()
+        .find(|k| k.contains("{l|a=k}"))
+        .expect("a's counter");
+    assert_eq!(
+        redis.cli(&["GET", a]).trim(),
+        "6",
+        "1 from the pair and 5 alone"
+    );
 }

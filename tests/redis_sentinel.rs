@@ -118,11 +118,14 @@ async fn decisions_follow_a_sentinel_failover_to_the_new_master() {
     // The replica has every write before the failover.
     assert_eq!(master.cli(&["WAIT", "1", "2000"]).trim(), "1");
 
-    let started = Instant::now();
-    assert_eq!(
-        cli(sentinel_port, &["SENTINEL", "FAILOVER", "mymaster"]).trim(),
-        "OK"
+    // The sentinel answers NOGOODSLAVE until it has seen the replica
+    // healthy for a while: ask until it accepts.
+    wait_until(
+        "the sentinel to start a failover",
+        Duration::from_secs(30),
+        || cli(sentinel_port, &["SENTINEL", "FAILOVER", "mymaster"]).trim() == "OK",
     );
+    let started = Instant::now();
     wait_until(
         "the sentinel to name the new master",
         Duration::from_secs(20),

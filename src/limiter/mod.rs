@@ -196,6 +196,10 @@ pub struct RequestBounds {
     pub value_bytes: usize,
     /// Bytes of the encoded request, refused before it is decoded (`--max-request-bytes`).
     pub request_bytes: usize,
+    /// Limit checks one request may need, all its descriptors' limits
+    /// together (`--max-checks`): one request is decided by one script call
+    /// on Redis, which holds Redis for everyone while it runs.
+    pub checks: usize,
 }
 
 impl Default for RequestBounds {
@@ -209,6 +213,7 @@ impl Default for RequestBounds {
             entries: 32,
             value_bytes: 64 * 1024,
             request_bytes: 128 * 1024,
+            checks: 1024,
         }
     }
 }
@@ -466,6 +471,13 @@ impl Limiter {
                     hits_default,
                     (planned, checks),
                 );
+            }
+            let max = self.options.bounds.checks;
+            if checks.len() > max {
+                let e = LimitError::InvalidArgument(format!(
+                    "the request needs more than {max} limit checks (its descriptors' limits together); the bound is --max-checks"
+                ));
+                return Err(e);
             }
         }
         drop_replaced(planned, checks);

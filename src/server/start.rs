@@ -58,6 +58,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             entries: args.max_entries,
             value_bytes: args.max_value_bytes,
             request_bytes: args.max_request_bytes,
+            checks: args.max_checks,
         },
         max_metric_series: args.max_metric_series,
         max_label_bytes: args.max_label_bytes,

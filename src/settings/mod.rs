@@ -167,6 +167,12 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = 131_072, value_parser = at_least_one)]
     pub max_request_bytes: usize,
 
+    /// Most limit checks one request may need (its descriptors' limits
+    /// together); one request is one Redis script call, which holds Redis
+    /// while it runs.
+    #[arg(long, env = "TOLLGATE_MAX_CHECKS", default_value_t = 1024, value_parser = at_least_one)]
+    pub max_checks: usize,
+
     /// Most open gRPC connections (all workers); past it new ones are closed at once.
     #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = at_least_one)]
     pub max_connections: usize,
@@ -272,8 +278,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_TLS_KEY", requires = "redis_tls_cert")]
     pub redis_tls_key: Option<PathBuf>,
 
-    /// Longest wait for one Redis call, e.g. `10ms` (Envoy's filter waits 20 ms by default).
-    #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "10ms", value_parser = parse_duration)]
+    /// Longest a request waits for Redis, from when it asks. Sized to what
+    /// Redis takes at saturation on a busy node (bench/redis-saturation.sh:
+    /// 10ms fails open under load alone); give Envoy's filter a longer one.
+    #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
     pub redis_timeout: Duration,
 
     /// Prefix of every Redis key.

@@ -143,6 +143,15 @@ local function several(first, checks, now, o)
       commit(key, pending[key], pending_exp[key])
     end
   end
+  -- `read` looks at `pending` first: left behind, this request's values
+  -- would hide what later one-check requests of the call commit (each
+  -- would count from the same stale value, and hits would be lost).
+  for i = #pending_order, 1, -1 do
+    local key = pending_order[i]
+    pending[key] = nil
+    pending_exp[key] = nil
+    pending_order[i] = nil
+  end
 end
 
 local o = 0

@@ -51,6 +51,11 @@ struct Lease {
 #[derive(Default)]
 pub(super) struct Leases {
     table: parking_lot::Mutex<HashMap<Box<[u8]>, Lease>>,
+    /// Keys with a grab in flight: one at a time per key, so concurrent
+    /// requests that find the lease empty do not each reserve N hits (the
+    /// bound of `instances x N` unspent hits holds); the others ask Redis
+    /// exactly meanwhile.
+    refilling: parking_lot::Mutex<hashbrown::HashSet<Box<[u8]>>>,
 }
 
 /// The lease window of a check at `now`, and until when a lease granted now
@@ -137,6 +142,22 @@ impl Leases {
     }
 }
 
+/// The keys this request refills; released when it is done with them, or
+/// dropped (a cancelled request must not block refills for good).
+struct Refills<'a> {
+    leases: &'a Leases,
+    keys: SmallVec<[Box<[u8]>; 2]>,
+}
+
+impl Drop for Refills<'_> {
+    fn drop(&mut self) {
+        let mut refilling = self.leases.refilling.lock();
+        for key in &self.keys {
+            refilling.remove(key);
+        }
+    }
+}
+
 impl RedisStore {
     /// Decides a request with leased checks: from local leases where they
     /// suffice, else through Redis with a grab for each leased check.
@@ -160,9 +181,18 @@ impl RedisStore {
             }
         }
         let own = asked.len();
+        let mut refills = Refills {
+            leases,
+            keys: SmallVec::new(),
+        };
         for i in 0..own {
             let check = &asked[i];
             if check.lease > 0 && check.charge() > 0 {
+                if !leases.refilling.lock().insert(check.key.as_bytes().into()) {
+                    // Another request is refilling this key: ask exactly.
+                    continue;
+                }
+                refills.keys.push(check.key.as_bytes().into());
                 let mut grab = check.clone();
                 grab.hits = u64::from(check.lease);
                 // A grab never refuses the request, and no quota-mode rule
@@ -192,6 +222,7 @@ impl RedisStore {
         {
             leases.grant(grab, now);
         }
+        // `refills` ends here: the next refill of these keys may go.
         Ok(())
     }
 }

@@ -112,7 +112,7 @@ impl RedisOptions {
         Self {
             target,
             prefix: "tollgate:".into(),
-            timeout: Duration::from_millis(10),
+            timeout: Duration::from_millis(100),
             breaker_threshold: 5,
             probe_interval: Duration::from_millis(250),
             probe_timeout: Duration::from_secs(1),
