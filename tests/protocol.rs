@@ -9,7 +9,6 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::envoy::http;
 use common::{Tollgate, request, run_briefly_as_given};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -154,16 +153,6 @@ fn call_headers(authority: &str) -> Vec<(&str, &str)> {
     ]
 }
 
-fn metric(server: &Tollgate, name: &str) -> u64 {
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
-}
-
 #[test]
 fn any_authority_envoy_may_send_is_answered() {
     let server = Tollgate::start(RULES, &[]);
@@ -188,7 +177,7 @@ fn any_authority_envoy_may_send_is_answered() {
     let ok = Some(Code::Ok as i32);
     let over = Some(Code::OverLimit as i32);
     assert_eq!(codes, [ok, ok, over, over]);
-    assert_eq!(metric(&server, "tollgate_grpc_protocol_errors_total"), 0);
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 0);
 }
 
 #[test]
@@ -202,7 +191,7 @@ fn protocol_refusals_are_counted_and_logged_at_warn_once_per_interval() {
         outcomes.iter().all(|o| *o == Outcome::Reset(1)),
         "PROTOCOL_ERROR resets: {outcomes:?}"
     );
-    assert_eq!(metric(&server, "tollgate_grpc_protocol_errors_total"), 20);
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 20);
     let line = "refused at the HTTP/2 protocol level";
     let deadline = Instant::now() + Duration::from_secs(5);
     while server.log_count(line) == 0 && Instant::now() < deadline {
@@ -214,7 +203,7 @@ fn protocol_refusals_are_counted_and_logged_at_warn_once_per_interval() {
     // More refusals within the interval: counted, not logged again.
     calls(server.addr, &lists[..5]);
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(metric(&server, "tollgate_grpc_protocol_errors_total"), 25);
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 25);
     assert_eq!(server.log_count(line), 1);
 }
 

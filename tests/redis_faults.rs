@@ -8,7 +8,6 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::envoy::http;
 use common::redis::RedisServer;
 use common::{Tollgate, ask, request};
 
@@ -17,16 +16,6 @@ const RULES: &str =
 
 fn user(name: &str) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     request("t", &[&[("user", name)]])
-}
-
-fn metric(server: &Tollgate, name: &str) -> u64 {
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -71,12 +60,12 @@ async fn a_slow_redis_that_still_answers_never_opens_the_circuit() {
     }
     let _ = sleeper.join();
     assert!(
-        metric(&server, "tollgate_store_timeouts_total") >= 3,
+        server.metric("tollgate_store_timeouts_total") >= 3,
         "calls timed out"
     );
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(metric(&server, "tollgate_store_circuit_open"), 0);
-    assert_eq!(metric(&server, "tollgate_store_circuit_open_total"), 0);
+    assert_eq!(server.metric("tollgate_store_circuit_open"), 0);
+    assert_eq!(server.metric("tollgate_store_circuit_open_total"), 0);
     assert_eq!(server.log_count("Redis unavailable"), 0);
     // Decided by Redis again: the limit of 1 holds.
     let codes = [
@@ -116,7 +105,7 @@ async fn keys_known_to_be_over_their_limit_stay_refused_while_redis_is_down() {
     // Failures open the circuit (the probe cannot connect either).
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut i = 0;
-    while metric(&server, "tollgate_store_circuit_open") == 0 {
+    while server.metric("tollgate_store_circuit_open") == 0 {
         assert!(Instant::now() < deadline, "the circuit did not open");
         i += 1;
         ask(&mut client, user(&format!("other{i}"))).await;

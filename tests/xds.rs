@@ -54,16 +54,6 @@ async fn remaining(server: &Tollgate, user: &str) -> u32 {
         .limit_remaining
 }
 
-fn metric(server: &Tollgate, name: &str) -> u64 {
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -141,7 +131,7 @@ async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_rest
     assert_eq!(remaining(&server, "bob").await, 4);
 
     // v3 does not load (a limit without a unit): NACK, v2 stays.
-    let errors_before = metric(&server, "ratelimit_service_config_load_error");
+    let errors_before = server.metric("ratelimit_service_config_load_error");
     xds.set("v3", vec![config("users", 9, RateLimitUnit::Unknown)]);
     let nack = xds.wait_for("the NACK of v3", |s| s.error.is_some()).await;
     assert_eq!(
@@ -154,7 +144,7 @@ async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_rest
         "{error}"
     );
     assert_eq!(
-        metric(&server, "ratelimit_service_config_load_error"),
+        server.metric("ratelimit_service_config_load_error"),
         errors_before + 1
     );
     assert_eq!(remaining(&server, "carl").await, 4);

@@ -544,6 +544,17 @@ pub enum OnStoreError {
 }
 
 /// Parses a whole number of at least one.
+/// A number from 0 to 1.
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!("{value} must be between 0 and 1"));
+    }
+    Ok(value)
+}
+
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),

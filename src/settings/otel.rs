@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 
-use super::OnOff;
+use super::{OnOff, parse_fraction};
 use crate::otel::{ExportProtocol, OtelOptions};
 
 /// OTLP transport.
@@ -48,18 +48,8 @@ pub struct OtelArgs {
 
     /// The fraction of new traces sampled, 0 to 1 (a parent's decision,
     /// from Envoy's headers, wins).
-    #[arg(long, env = "TOLLGATE_TRACING_SAMPLING_RATE", default_value_t = 1.0, value_parser = parse_rate)]
+    #[arg(long, env = "TOLLGATE_TRACING_SAMPLING_RATE", default_value_t = 1.0, value_parser = parse_fraction)]
     pub tracing_sampling_rate: f64,
-}
-
-fn parse_rate(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("'{text}' is not a number"))?;
-    if !(0.0..=1.0).contains(&value) {
-        return Err(format!("{value} must be between 0 and 1"));
-    }
-    Ok(value)
 }
 
 impl OtelArgs {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::reference::adopt;
+use super::reference::{adopt, bool_var, set_var};
 use super::{OnOff, ServeArgs};
 
 impl ServeArgs {
@@ -16,18 +16,8 @@ impl ServeArgs {
         env: &dyn Fn(&str) -> Option<String>,
         explicit: &dyn Fn(&str) -> bool,
     ) -> Result<(), String> {
-        let set = |name: &str| {
-            env(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let boolean = |name: &str| -> Result<bool, String> {
-            match set(name).map(|v| v.to_ascii_lowercase()).as_deref() {
-                None | Some("false" | "0" | "no") => Ok(false),
-                Some("true" | "1" | "yes") => Ok(true),
-                Some(other) => Err(format!("{name}={other}: expected true or false")),
-            }
-        };
+        let set = |name: &str| set_var(env, name);
+        let boolean = |name: &str| bool_var(env, name).map(|b| b.unwrap_or(false));
         // The reference sends nothing anywhere with DISABLE_STATS.
         if boolean("DISABLE_STATS")? {
             return Ok(());
@@ -135,18 +125,9 @@ impl ServeArgs {
         env: &dyn Fn(&str) -> Option<String>,
         explicit: &dyn Fn(&str) -> bool,
     ) -> Result<(), String> {
-        let set = |name: &str| {
-            env(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        match set("TRACING_ENABLED")
-            .map(|v| v.to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("false" | "0" | "no") => return Ok(()),
-            Some("true" | "1" | "yes") => {}
-            Some(other) => return Err(format!("TRACING_ENABLED={other}: expected true or false")),
+        let set = |name: &str| set_var(env, name);
+        if bool_var(env, "TRACING_ENABLED")? != Some(true) {
+            return Ok(());
         }
         let t = &mut self.otel;
         adopt(

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::reference::adopt;
+use super::reference::{adopt, bool_var, set_var};
 use super::{OnOff, ServeArgs};
 
 impl ServeArgs {
@@ -15,11 +15,7 @@ impl ServeArgs {
         env: &dyn Fn(&str) -> Option<String>,
         explicit: &dyn Fn(&str) -> bool,
     ) -> Result<bool, String> {
-        let set = |name: &str| {
-            env(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
+        let set = |name: &str| set_var(env, name);
         match set("CONFIG_TYPE")
             .map(|t| t.to_ascii_uppercase())
             .as_deref()
@@ -35,14 +31,7 @@ impl ServeArgs {
         if explicit("rules") {
             return Err("CONFIG_TYPE=GRPC_XDS_SOTW (envoyproxy/ratelimit's setting) contradicts --rules; set one of them".into());
         }
-        let boolean = |name: &str| -> Result<Option<bool>, String> {
-            match set(name).map(|v| v.to_ascii_lowercase()).as_deref() {
-                None => Ok(None),
-                Some("true" | "1" | "yes") => Ok(Some(true)),
-                Some("false" | "0" | "no") => Ok(Some(false)),
-                Some(other) => Err(format!("{name}={other}: expected true or false")),
-            }
-        };
+        let boolean = |name: &str| bool_var(env, name);
         let duration = |name: &str| -> Result<Option<std::time::Duration>, String> {
             set(name)
                 .map(|v| super::parse_duration(&v).map_err(|e| format!("{name}={v}: {e}")))

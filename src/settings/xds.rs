@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{OnOff, at_least_one, parse_duration};
+use super::{OnOff, at_least_one, parse_duration, parse_fraction};
 use crate::rules::LoadOptions;
 use crate::xds::{Backoff, XdsOptions, XdsTls};
 
@@ -81,17 +81,6 @@ fn parse_pair(text: &str) -> Result<(String, String), String> {
         return Err(format!("'{text}': empty key"));
     }
     Ok((k.trim().to_owned(), v.trim().to_owned()))
-}
-
-/// A number from 0 to 1.
-fn parse_fraction(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("'{text}' is not a number"))?;
-    if !(0.0..=1.0).contains(&value) {
-        return Err(format!("{value} must be between 0 and 1"));
-    }
-    Ok(value)
 }
 
 impl XdsArgs {

@@ -143,6 +143,17 @@ impl Tollgate {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// An unlabelled counter or gauge from the admin port's `/metrics`.
+    pub fn metric(&self, name: &str) -> u64 {
+        let body = envoy::http(self.admin, "GET", "/metrics", &[])
+            .expect("metrics")
+            .body;
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+    }
 }
 
 impl Drop for Tollgate {
