@@ -221,3 +221,44 @@ async fn a_wrong_or_missing_password_and_a_closed_port_say_what_they_are() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("degraded"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unix_socket_from_the_references_variables() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("redis.sock");
+    let socket_s = socket.to_str().expect("utf-8").to_owned();
+    let child = Command::new("redis-server")
+        .args(["--port", "0", "--unixsocket", &socket_s, "--save", ""])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is needed by this test (Debian: apt-get install redis-server)");
+    let _redis = Redis(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let server = Tollgate::start_with_env(
+        RULES,
+        &["--redis-timeout", "2s"],
+        &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", &socket_s)],
+    );
+    let mut client = server.client().await;
+    let codes = [
+        ask(&mut client, request("t", &[&[("user", "ann")]]))
+            .await
+            .overall_code,
+        ask(&mut client, request("t", &[&[("user", "ann")]]))
+            .await
+            .overall_code,
+    ];
+    assert_eq!(
+        codes,
+        [1, 2],
+        "decided by Redis over its socket: {}",
+        logs(&server)
+    );
+    assert!(logged(&server, "Redis answers"), "{}", logs(&server));
+}
