@@ -262,3 +262,78 @@ async fn a_unix_socket_from_the_references_variables() {
     );
     assert!(logged(&server, "Redis answers"), "{}", logs(&server));
 }
+
+/// Sleeps until 50 ms past the next whole second of the wall clock, so a
+/// few quick requests fall in one one-second window.
+fn start_of_a_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock");
+    let into = now.subsec_millis() as u64;
+    std::thread::sleep(Duration::from_millis(1000 - into + 50));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_per_second_pool_holds_limits_of_a_second_and_a_refusal_spends_nothing_on_either() {
+    let main = common::redis::RedisServer::start();
+    let seconds = common::redis::RedisServer::start();
+    let rules = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: burst\n    rate_limit: {unit: second, requests_per_unit: 2, algorithm: fixed_window}\n";
+    let (main_url, seconds_url) = (
+        format!("127.0.0.1:{}", main.port),
+        format!("127.0.0.1:{}", seconds.port),
+    );
+    let server = Tollgate::start_with_env(
+        rules,
+        &["--redis-timeout", "2s"],
+        &[
+            ("REDIS_URL", &main_url),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", &seconds_url),
+        ],
+    );
+    let mut client = server.client().await;
+    assert_eq!(
+        ask(&mut client, request("t", &[&[("user", "ann")]]))
+            .await
+            .overall_code,
+        1
+    );
+    assert_eq!(
+        ask(&mut client, request("t", &[&[("burst", "x")]]))
+            .await
+            .overall_code,
+        1
+    );
+    let (on_main, on_seconds) = (main.cli(&["--scan"]), seconds.cli(&["--scan"]));
+    assert!(
+        on_main.contains("user=ann") && !on_main.contains("burst"),
+        "{on_main}"
+    );
+    assert!(
+        on_seconds.contains("burst=x") && !on_seconds.contains("user"),
+        "{on_seconds}"
+    );
+
+    // In one second: y's 2 hits, then a request on bob (main) and y
+    // (per-second pool) is refused by y, and bob is not charged.
+    start_of_a_second();
+    for _ in 0..2 {
+        assert_eq!(
+            ask(&mut client, request("t", &[&[("burst", "y")]]))
+                .await
+                .overall_code,
+            1
+        );
+    }
+    let both = ask(
+        &mut client,
+        request("t", &[&[("user", "bob")], &[("burst", "y")]]),
+    )
+    .await;
+    assert_eq!(both.overall_code, 2, "{both:?}");
+    let bob = ask(&mut client, request("t", &[&[("user", "bob")]])).await;
+    assert_eq!(
+        bob.statuses[0].limit_remaining, 99,
+        "the refused request spent nothing on the main Redis"
+    );
+}

@@ -281,6 +281,31 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
             read("--redis-tls-key", key)?,
         ));
     }
+    if let Some(url) = &args.redis_per_second_url {
+        if args.store == StoreKind::Memory {
+            return Err(StoreError::Config(
+                "--redis-per-second-url needs a Redis store (--store redis, redis-cluster or redis-sentinel)".into(),
+            ));
+        }
+        let target = match args.redis_per_second_store {
+            StoreKind::Redis => RedisTarget::Standalone(url.expose().to_owned()),
+            StoreKind::RedisCluster => RedisTarget::Cluster(
+                url.expose()
+                    .split(',')
+                    .map(|s| s.trim().to_owned())
+                    .collect(),
+            ),
+            other => {
+                return Err(StoreError::Config(format!(
+                    "--redis-per-second-store {other:?}: redis or redis-cluster"
+                )));
+            }
+        };
+        let mut per_second = options.clone();
+        per_second.target = target;
+        options.per_second = Some(Box::new(per_second));
+        tracing::info!(url = %url, "limits of one second go to their own Redis");
+    }
     let store = RedisStore::new(options)?;
     // Redis being down at start is an outage like any other: start, answer
     // from the failure modes, and say so.

@@ -261,6 +261,17 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_TLS_CA")]
     pub redis_tls_ca: Option<PathBuf>,
 
+    /// A second Redis for limits whose period is one second (the reference's
+    /// REDIS_PERSECOND): `redis://...`, or seed nodes with
+    /// --redis-per-second-store redis-cluster. Same timeout, prefix and TLS
+    /// files as the main one.
+    #[arg(long, env = "TOLLGATE_REDIS_PER_SECOND_URL")]
+    pub redis_per_second_url: Option<RedisUrl>,
+
+    /// `redis` or `redis-cluster`: what --redis-per-second-url is.
+    #[arg(long, env = "TOLLGATE_REDIS_PER_SECOND_STORE", value_enum, default_value_t = StoreKind::Redis)]
+    pub redis_per_second_store: StoreKind,
+
     /// With --store redis-sentinel: the master's name as the sentinels know it.
     #[arg(long, env = "TOLLGATE_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,

@@ -271,6 +271,7 @@ impl ServeArgs {
                 "REDIS_TLS_CACERT",
             )?;
         }
+        self.apply_reference_per_second(env, explicit)?;
         let client_cert = env("REDIS_TLS_CLIENT_CERT").filter(|c| !c.is_empty());
         let client_key = env("REDIS_TLS_CLIENT_KEY").filter(|c| !c.is_empty());
         match (client_cert, client_key) {
@@ -380,6 +381,73 @@ impl ServeArgs {
                 self.near_limit_ratio
             ));
         }
+        Ok(())
+    }
+}
+
+impl ServeArgs {
+    /// The per-second pool from `REDIS_PERSECOND=true` and its
+    /// `REDIS_PERSECOND_URL`, `_TYPE`, `_AUTH`, `_TLS`, `_SOCKET_TYPE`.
+    fn apply_reference_per_second(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        explicit: &dyn Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        if bool_var(env, "REDIS_PERSECOND")? != Some(true) {
+            return Ok(());
+        }
+        let url = set_var(env, "REDIS_PERSECOND_URL")
+            .ok_or("REDIS_PERSECOND=true needs REDIS_PERSECOND_URL")?;
+        let kind = match set_var(env, "REDIS_PERSECOND_TYPE")
+            .map(|t| t.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("single") => StoreKind::Redis,
+            Some("cluster") => StoreKind::RedisCluster,
+            Some(other) => {
+                return Err(format!(
+                    "REDIS_PERSECOND_TYPE={other}: Tollgate's per-second pool is single or cluster"
+                ));
+            }
+        };
+        let tls = bool_var(env, "REDIS_PERSECOND_TLS")?.unwrap_or(false);
+        let unix = match set_var(env, "REDIS_PERSECOND_SOCKET_TYPE")
+            .map(|t| t.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("tcp") => false,
+            Some("unix") => true,
+            Some(other) => {
+                return Err(format!(
+                    "REDIS_PERSECOND_SOCKET_TYPE={other}: expected tcp or unix"
+                ));
+            }
+        };
+        let scheme = match (unix, tls) {
+            (true, _) => "redis+unix",
+            (false, true) => "rediss",
+            (false, false) => "redis",
+        };
+        let auth = set_var(env, "REDIS_PERSECOND_AUTH");
+        let url = url
+            .split(',')
+            .map(|node| reference_redis_url(scheme, node, auth.as_deref()))
+            .collect::<Vec<_>>()
+            .join(",");
+        adopt(
+            &mut self.redis_per_second_url,
+            Some(RedisUrl(url)),
+            explicit("redis_per_second_url"),
+            "redis-per-second-url",
+            "REDIS_PERSECOND_URL",
+        )?;
+        adopt(
+            &mut self.redis_per_second_store,
+            kind,
+            explicit("redis_per_second_store"),
+            "redis-per-second-store",
+            "REDIS_PERSECOND_TYPE",
+        )?;
         Ok(())
     }
 }

@@ -274,49 +274,36 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     no_effect("REDIS_PIPELINE_WINDOW", POOLS),
     no_effect("REDIS_PIPELINE_LIMIT", POOLS),
     no_effect("REDIS_CLUSTER_PIPELINE_PARALLELISM", POOLS),
-    refused(
+    honoured(
         "REDIS_PERSECOND",
-        FALSE,
-        "a second Redis for per-second limits is not supported by Tollgate yet",
+        "when true, limits whose period is one second go to their own Redis (--redis-per-second-url), a refused request spending nothing on either",
     ),
-    no_effect(
+    honoured(
         "REDIS_PERSECOND_SOCKET_TYPE",
-        "read only with REDIS_PERSECOND=true",
+        "tcp, or unix (redis+unix://)",
     ),
-    no_effect(
+    honoured(
         "REDIS_PERSECOND_TYPE",
-        "read only with REDIS_PERSECOND=true",
+        "--redis-per-second-store: single or cluster; sentinel stops start-up",
     ),
-    no_effect("REDIS_PERSECOND_URL", "read only with REDIS_PERSECOND=true"),
-    no_effect(
-        "REDIS_PERSECOND_POOL_SIZE",
-        "read only with REDIS_PERSECOND=true",
-    ),
-    no_effect(
+    honoured("REDIS_PERSECOND_URL", "--redis-per-second-url"),
+    no_effect("REDIS_PERSECOND_POOL_SIZE", POOLS),
+    honoured(
         "REDIS_PERSECOND_AUTH",
-        "read only with REDIS_PERSECOND=true",
+        "the password in --redis-per-second-url",
     ),
-    no_effect("REDIS_PERSECOND_TLS", "read only with REDIS_PERSECOND=true"),
+    honoured("REDIS_PERSECOND_TLS", "rediss:// in --redis-per-second-url"),
     honoured(
         "REDIS_SENTINEL_AUTH",
         "the sentinels' password (REDIS_TYPE=sentinel; REDIS_AUTH is then the master's, --redis-master-auth)",
     ),
     no_effect(
         "REDIS_PERSECOND_SENTINEL_AUTH",
-        "read only with REDIS_PERSECOND=true",
+        "read only with REDIS_PERSECOND_TYPE=sentinel, which Tollgate refuses",
     ),
-    no_effect(
-        "REDIS_PERSECOND_PIPELINE_WINDOW",
-        "read only with REDIS_PERSECOND=true",
-    ),
-    no_effect(
-        "REDIS_PERSECOND_PIPELINE_LIMIT",
-        "read only with REDIS_PERSECOND=true",
-    ),
-    no_effect(
-        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
-        "read only with REDIS_PERSECOND=true",
-    ),
+    no_effect("REDIS_PERSECOND_PIPELINE_WINDOW", POOLS),
+    no_effect("REDIS_PERSECOND_PIPELINE_LIMIT", POOLS),
+    no_effect("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", POOLS),
     refused(
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
         FALSE,
@@ -325,13 +312,10 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured("REDIS_TIMEOUT", "--redis-timeout"),
     no_effect(
         "REDIS_PERSECOND_TIMEOUT",
-        "read only with REDIS_PERSECOND=true",
+        "the per-second pool has the main pool's --redis-timeout",
     ),
     no_effect("REDIS_POOL_ON_EMPTY_BEHAVIOR", POOLS),
-    no_effect(
-        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
-        "read only with REDIS_PERSECOND=true",
-    ),
+    no_effect("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", POOLS),
     no_effect(
         "REDIS_STARTUP_INITIAL_INTERVAL",
         "Tollgate starts while Redis is down (answering from failure modes) and reconnects by itself",

@@ -202,7 +202,11 @@ impl RedisStore {
     /// Sends PING on this thread's connection, within the store's timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        self.timed(conn.ping()).await
+        self.timed(conn.ping()).await?;
+        match &self.inner.per_second {
+            Some(per_second) => Box::pin(per_second.ping()).await,
+            None => Ok(()),
+        }
     }
 
     /// Connects afresh and sends PING, within the probe timeout: what the

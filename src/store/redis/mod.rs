@@ -25,6 +25,7 @@ mod lease;
 mod msgpack;
 mod options;
 mod over_limit;
+mod per_second;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -107,6 +108,8 @@ struct Inner {
     /// task that watches for it moving runs.
     sentinel_master: parking_lot::Mutex<Option<String>>,
     sentinel_watch: AtomicBool,
+    /// The per-second pool: a store of its own for limits of one second.
+    per_second: Option<RedisStore>,
 }
 
 /// The Redis or Redis Cluster store.
@@ -200,6 +203,14 @@ impl RedisStore {
                 redis::Client::open(example.as_str()).map_err(|e| config_error(&example, &e))?;
             }
         }
+        let per_second = match &options.per_second {
+            None => None,
+            Some(options) => {
+                let mut options = (**options).clone();
+                options.per_second = None;
+                Some(RedisStore::new(options)?)
+            }
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -215,6 +226,7 @@ impl RedisStore {
                 leases: lease::Leases::default(),
                 sentinel_master: parking_lot::Mutex::new(None),
                 sentinel_watch: AtomicBool::new(false),
+                per_second,
             }),
         })
     }
@@ -282,8 +294,21 @@ impl RedisStore {
         self.decide_exact(checks, now).await
     }
 
-    /// Decides `checks` at `now` in Redis, all or nothing.
+    /// Decides `checks` at `now` in Redis, all or nothing: on this store,
+    /// or across it and the per-second pool.
     async fn decide_exact(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        if let Some(per_second) = &self.inner.per_second
+            && checks.iter().any(per_second::is_per_second)
+        {
+            // Boxed: only with a per-second pool; every request's future
+            // would carry it otherwise.
+            return Box::pin(self.decide_split(per_second, checks, now)).await;
+        }
+        self.decide_here(checks, now).await
+    }
+
+    /// Decides `checks` at `now` in this store's Redis, all or nothing.
+    async fn decide_here(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
         // Before the circuit: a key known to be over its limit stays refused
         // while Redis is down, whatever the failure mode says.
         if let Some(cache) = &self.inner.over_limit

@@ -104,6 +104,9 @@ pub struct RedisOptions {
     pub tls_client: Option<(Vec<u8>, Vec<u8>)>,
     /// How many concurrent requests one script call may carry.
     pub batch: BatchBounds,
+    /// Limits of one second on a Redis of their own (the reference's
+    /// `REDIS_PERSECOND`): its options.
+    pub per_second: Option<Box<RedisOptions>>,
 }
 
 impl RedisOptions {
@@ -120,6 +123,7 @@ impl RedisOptions {
             tls_ca: None,
             tls_client: None,
             batch: BatchBounds::default(),
+            per_second: None,
         }
     }
 }
