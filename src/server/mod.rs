@@ -149,6 +149,11 @@ pub fn run(
         reference_metrics,
         otel,
     } = serve;
+    // Before any worker answers: statsd's response time samples start with
+    // the first call.
+    if statsd.is_some() {
+        limiter.metrics().response_samples.enable();
+    }
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
     let reference_addr = reference_metrics
