@@ -161,7 +161,7 @@ async fn a_missing_client_certificate_is_a_tls_error_and_not_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_wrong_or_missing_password_and_a_closed_port_say_what_they_are() {
+async fn a_wrong_or_missing_password_a_closed_port_and_an_unknown_host_say_what_they_are() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let _redis = redis(
@@ -220,6 +220,29 @@ async fn a_wrong_or_missing_password_and_a_closed_port_say_what_they_are() {
     let (status, body) = health(&server);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("degraded"), "{body}");
+    // A name that does not resolve says so (`.invalid` never resolves).
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://no-such-redis.invalid:6379",
+            "--redis-timeout",
+            "2s",
+        ],
+    );
+    assert!(
+        logged(&server, "lookup") || logged(&server, "resolve"),
+        "{}",
+        logs(&server)
+    );
+    assert_eq!(
+        server.log_count("did not answer within"),
+        0,
+        "{}",
+        logs(&server)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
