@@ -160,6 +160,27 @@ fn every_setting_it_cannot_honour_is_refused_by_name() {
     assert!(!ok);
     assert!(stderr.contains("GRPC_SERVER_USE_TLS"), "{stderr}");
 
+    // A Unix socket cannot carry TLS: refused, not TLS silently dropped.
+    let (ok, stderr) = run_as_reference(
+        &[],
+        &[
+            ("GRPC_PORT", &grpc),
+            ("PORT", &port),
+            ("DEBUG_PORT", &debug),
+            ("REDIS_URL", "127.0.0.1:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", "/tmp/persecond.sock"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "unix"),
+            ("REDIS_PERSECOND_TLS", "true"),
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("REDIS_PERSECOND_SOCKET_TYPE=unix")
+            && stderr.contains("REDIS_PERSECOND_TLS"),
+        "{stderr}"
+    );
+
     // The reference's binary takes no arguments.
     let (ok, stderr) = run_as_reference(&["serve"], &[]);
     assert!(!ok);

@@ -156,28 +156,8 @@ impl ServeArgs {
             // or a socket path with REDIS_SOCKET_TYPE=unix.
             let tls = truthy("REDIS_TLS")?.unwrap_or(false);
             let auth = env("REDIS_AUTH").filter(|a| !a.is_empty());
-            let unix = match env("REDIS_SOCKET_TYPE")
-                .as_deref()
-                .map(str::to_ascii_lowercase)
-                .as_deref()
-            {
-                None | Some("" | "tcp") => false,
-                Some("unix") => true,
-                Some(other) => {
-                    return Err(format!("REDIS_SOCKET_TYPE={other}: expected tcp or unix"));
-                }
-            };
-            if unix && (tls || redis_type == Some(StoreKind::RedisCluster)) {
-                return Err(
-                    "REDIS_SOCKET_TYPE=unix: a Unix socket takes neither REDIS_TLS nor REDIS_TYPE=cluster"
-                        .into(),
-                );
-            }
-            let scheme = match (unix, tls) {
-                (true, _) => "redis+unix",
-                (false, true) => "rediss",
-                (false, false) => "redis",
-            };
+            let cluster = redis_type == Some(StoreKind::RedisCluster);
+            let scheme = redis_scheme(env, "", tls, cluster)?;
             let url = if redis_type == Some(StoreKind::RedisSentinel) {
                 // "master,sentinel:port,...": the sentinels have their own
                 // password (REDIS_SENTINEL_AUTH); REDIS_AUTH is the master's.
@@ -411,23 +391,7 @@ impl ServeArgs {
             }
         };
         let tls = bool_var(env, "REDIS_PERSECOND_TLS")?.unwrap_or(false);
-        let unix = match set_var(env, "REDIS_PERSECOND_SOCKET_TYPE")
-            .map(|t| t.to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("tcp") => false,
-            Some("unix") => true,
-            Some(other) => {
-                return Err(format!(
-                    "REDIS_PERSECOND_SOCKET_TYPE={other}: expected tcp or unix"
-                ));
-            }
-        };
-        let scheme = match (unix, tls) {
-            (true, _) => "redis+unix",
-            (false, true) => "rediss",
-            (false, false) => "redis",
-        };
+        let scheme = redis_scheme(env, "PERSECOND_", tls, kind == StoreKind::RedisCluster)?;
         let auth = set_var(env, "REDIS_PERSECOND_AUTH");
         let url = url
             .split(',')
@@ -450,6 +414,38 @@ impl ServeArgs {
         )?;
         Ok(())
     }
+}
+
+/// The URL scheme for the reference's `REDIS_{pool}SOCKET_TYPE` (`tcp`, the
+/// default, or `unix`) and `REDIS_{pool}TLS`; `pool` is empty for the main
+/// pool, `PERSECOND_` for the per-second one. A Unix socket with TLS or a
+/// cluster is refused, naming the variables.
+fn redis_scheme(
+    env: &dyn Fn(&str) -> Option<String>,
+    pool: &str,
+    tls: bool,
+    cluster: bool,
+) -> Result<&'static str, String> {
+    let socket_var = format!("REDIS_{pool}SOCKET_TYPE");
+    let unix = match env(&socket_var)
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("" | "tcp") => false,
+        Some("unix") => true,
+        Some(other) => return Err(format!("{socket_var}={other}: expected tcp or unix")),
+    };
+    if unix && (tls || cluster) {
+        return Err(format!(
+            "{socket_var}=unix: a Unix socket takes neither REDIS_{pool}TLS nor REDIS_{pool}TYPE=cluster"
+        ));
+    }
+    Ok(match (unix, tls) {
+        (true, _) => "redis+unix",
+        (false, true) => "rediss",
+        (false, false) => "redis",
+    })
 }
 
 /// The program name under which Tollgate behaves as the reference's
