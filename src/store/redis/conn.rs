@@ -131,7 +131,7 @@ impl RedisStore {
                         "Redis Sentinel: the master moved; reconnecting"
                     );
                     *current = Some(addr);
-                    inner.generation.fetch_add(1, Ordering::AcqRel);
+                    inner.breaker.reconnect();
                 }
             }
         });
@@ -178,7 +178,7 @@ impl RedisStore {
     /// This thread's connection, made on first use.
     pub(super) async fn conn(&self) -> Result<Conn, StoreError> {
         let id = self.inner.id;
-        let generation = self.inner.generation.load(Ordering::Acquire);
+        let generation = self.inner.breaker.generation();
         let cached = CONNECTIONS.with(|c| c.borrow().get(&id).cloned());
         if let Some((_, conn)) = cached.filter(|(g, _)| *g == generation) {
             return Ok(conn);

@@ -1,0 +1,107 @@
+//! All or nothing across Cluster hash slots: the hits a refused request
+//! committed in other slots are given back.
+
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+
+use super::RedisStore;
+use super::conn::redis_error;
+use super::keys::script_code;
+use super::slots::Group;
+use crate::algorithm::{Algorithm, NANOS_PER_TICK};
+use crate::clock::Nanos;
+use crate::store::{Check, StoreError, refused};
+
+impl RedisStore {
+    /// Across hash slots each script call is all or nothing on its own; when
+    /// one slot refused the request, the hits the others committed are given
+    /// back, so the request as a whole spends nothing. The refusal stands
+    /// whatever happens here; a refund that fails leaves those hits spent, so
+    /// the error is only ever on the side of refusing, and it is logged.
+    pub(super) async fn keep_all_or_nothing(
+        &self,
+        checks: &mut [Check],
+        groups: &[(Slot, Group)],
+        now: Nanos,
+    ) {
+        let ro: &[Check] = checks;
+        // A group refused on its own (and wrote nothing) only when the whole
+        // request is refused (see `Group::quota_here`), so nothing needs
+        // undoing unless the request is refused.
+        if !refused(ro.iter()) {
+            return;
+        }
+        let conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, "refund across Cluster slots not sent; the refused request's hits stay spent");
+                return;
+            }
+        };
+        let refunds = groups
+            .iter()
+            .filter(|(_, g)| !g.refused_here(ro))
+            .map(|(_, group)| {
+                let mut inv = self.inner.refund.prepare_invoke();
+                let mut k = 0;
+                for &i in &group.checks {
+                    let c = &ro[i];
+                    let n = if c.algorithm == Algorithm::SlidingWindow {
+                        2
+                    } else {
+                        1
+                    };
+                    for key in &group.keys[k..k + n] {
+                        inv.key(key);
+                    }
+                    k += n;
+                    let committed = if c.outcome.is_some_and(|o| o.allowed) {
+                        c.charge()
+                    } else {
+                        0
+                    };
+                    let period = (c.quota.period / NANOS_PER_TICK).max(1);
+                    let interval = period / u64::from(c.quota.limit.max(1));
+                    inv.arg(script_code(c.algorithm))
+                        .arg(committed)
+                        .arg(interval.max(1));
+                }
+                let mut conn = conn.clone();
+                async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
+            });
+        let timeout = self.inner.options.timeout;
+        let refunded = tokio::time::timeout(timeout, join_all(refunds)).await;
+        let failed = match refunded {
+            Err(_) => Some(StoreError::Timeout(timeout)),
+            Ok(results) => results.into_iter().find_map(Result::err),
+        };
+        if let Some(error) = failed {
+            tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
+            return;
+        }
+        // As on one slot (and in memory), the admitted checks of a refused
+        // request report what is left without it: read once more, spending
+        // nothing, now that the refund is in.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let rereads =
+            groups
+                .iter()
+                .filter(|(_, g)| !g.refused_here(ro))
+                .map(|(slot, group)| async move {
+                    let rows = self
+                        .decide_part(*slot, self.part(group, ro, now, false), deadline)
+                        .await?;
+                    Ok::<_, StoreError>((group, rows))
+                });
+        let Ok(rereads) = tokio::time::timeout_at(deadline, join_all(rereads)).await else {
+            return;
+        };
+        for (group, rows) in rereads.into_iter().flatten() {
+            for (&i, (_, left, _)) in group.checks.iter().zip(rows) {
+                if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
+                    outcome.remaining = left;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! A request's checks grouped by hash slot (one group on a standalone
+//! Redis), each group one script call, and each check's script arguments.
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+use smallvec::SmallVec;
+
+use super::RedisStore;
+use super::keys::{key_names, script_code};
+use super::options::RedisTarget;
+use super::script::{CheckArgs, Part, Rows};
+use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
+use crate::calendar::Window;
+use crate::clock::Nanos;
+use crate::store::{Check, StoreError, refused};
+
+/// One hash slot's share of a request.
+pub(super) struct Group {
+    pub(super) checks: SmallVec<[usize; 4]>,
+    /// The checks' keys, in order; shared with the script call's [`Part`].
+    pub(super) keys: Arc<[String]>,
+    /// Each check's window, in ticks (the scripts take the caller's windows).
+    pub(super) windows: SmallVec<[Window; 4]>,
+    /// Every enforced quota-mode check of the request is in this group, so
+    /// the script can apply the quota-mode rule itself.
+    pub(super) quota_here: bool,
+}
+
+impl Group {
+    /// Whether the script refused (and so committed nothing) for this group.
+    pub(super) fn refused_here(&self, checks: &[Check]) -> bool {
+        let mine = self.checks.iter().map(|&i| &checks[i]);
+        if self.quota_here {
+            refused(mine)
+        } else {
+            refused(mine.filter(|c| !c.quota_mode))
+        }
+    }
+}
+
+impl RedisStore {
+    pub(super) async fn call(
+        &self,
+        checks: &mut [Check],
+        now: Nanos,
+        deadline: tokio::time::Instant,
+    ) -> Result<SmallVec<[(Slot, Group); 2]>, StoreError> {
+        let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
+        let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
+        let mut names_of: SmallVec<[SmallVec<[String; 4]>; 2]> = SmallVec::new();
+        for (i, check) in checks.iter().enumerate() {
+            let window = check.quota.window_at(now);
+            let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
+            let slot = if cluster {
+                Slot::for_key(&names[0])
+            } else {
+                Slot::for_key("")
+            };
+            let g = match groups.iter().position(|(s, _)| *s == slot) {
+                Some(g) => g,
+                None => {
+                    groups.push((
+                        slot,
+                        Group {
+                            checks: SmallVec::new(),
+                            keys: Arc::new([]),
+                            windows: SmallVec::new(),
+                            quota_here: false,
+                        },
+                    ));
+                    names_of.push(SmallVec::new());
+                    groups.len() - 1
+                }
+            };
+            groups[g].1.checks.push(i);
+            groups[g].1.windows.push(window);
+            names_of[g].extend(names.into_iter().take(n));
+        }
+        for ((_, group), names) in groups.iter_mut().zip(names_of) {
+            group.keys = names.into_iter().collect();
+        }
+        let is_quota = |c: &Check| c.enforced && c.quota_mode;
+        let quota = checks.iter().filter(|c| is_quota(c)).count();
+        for (_, group) in &mut groups {
+            // Linear: a group holds them all when it holds as many as there are.
+            let here = group
+                .checks
+                .iter()
+                .filter(|&&i| is_quota(&checks[i]))
+                .count();
+            group.quota_here = here == quota;
+        }
+        let fill = |checks: &mut [Check], group: &Group, rows: Rows| {
+            for (&i, (allowed, remaining, wait_us)) in group.checks.iter().zip(rows) {
+                checks[i].outcome = Some(Outcome {
+                    allowed,
+                    remaining,
+                    wait: wait_us.saturating_mul(NANOS_PER_TICK),
+                    commit: None,
+                });
+            }
+        };
+        if let [(slot, group)] = groups.as_slice() {
+            // One slot (always, on a standalone Redis): no futures to gather.
+            let rows = self
+                .decide_part(*slot, self.part(group, checks, now, true), deadline)
+                .await?;
+            fill(checks, group, rows);
+            return Ok(groups);
+        }
+        let calls = groups.iter().map(|(slot, group)| {
+            self.decide_part(*slot, self.part(group, checks, now, true), deadline)
+        });
+        let replies = join_all(calls).await;
+        for ((_, group), rows) in groups.iter().zip(replies) {
+            fill(checks, group, rows?);
+        }
+        Ok(groups)
+    }
+
+    /// One slot's checks of a request, as the batch script takes them;
+    /// `spend: false` asks each check with zero hits (what is left,
+    /// spending nothing).
+    pub(super) fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
+        let args = group.checks.iter().zip(&group.windows).map(|(&i, window)| {
+            let c = &checks[i];
+            let (a, b) = match c.algorithm {
+                Algorithm::TokenBucket => (
+                    (c.quota.period / NANOS_PER_TICK).max(1),
+                    u64::from(c.quota.burst.max(1)),
+                ),
+                _ => (window.start, window.end),
+            };
+            let hits = c.quota.hits(if spend { c.hits } else { 0 });
+            let enforce = match (c.enforced, c.quota_mode) {
+                (false, _) => b'0',
+                (true, false) => b'1',
+                (true, true) if group.quota_here => b'q',
+                (true, true) => b'Q',
+            };
+            CheckArgs {
+                code: script_code(c.algorithm).as_bytes()[0],
+                limit: c.quota.limit,
+                a,
+                b,
+                cost: hits.cost,
+                charge: hits.charge,
+                enforce,
+            }
+        });
+        Part {
+            keys: group.keys.clone(),
+            now_us: now / NANOS_PER_TICK,
+            checks: args.collect(),
+        }
+    }
+}
