@@ -31,15 +31,22 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     cluster: bool,
+    /// Extra `redis-server` arguments, kept for a restart.
+    extra: Vec<String>,
     dir: tempfile::TempDir,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::spawn(free_port(), false, tempfile::tempdir().expect("tempdir"))
+        Self::spawn(
+            free_port(),
+            false,
+            &[],
+            tempfile::tempdir().expect("tempdir"),
+        )
     }
 
-    fn spawn(port: u16, cluster: bool, dir: tempfile::TempDir) -> Self {
+    fn spawn(port: u16, cluster: bool, extra: &[&str], dir: tempfile::TempDir) -> Self {
         require("redis-server");
         let mut cmd = Command::new("redis-server");
         cmd.args([
@@ -54,6 +61,8 @@ impl RedisServer {
         ])
         // DEBUG SLEEP lets tests hold Redis in the middle of a call.
         .args(["--enable-debug-command", "yes"])
+        // Replicas sync at once (Redis 7 waits 5 s for more to join).
+        .args(["--repl-diskless-sync-delay", "0"])
         .arg("--dir")
         .arg(dir.path())
         .stdout(Stdio::null())
@@ -66,11 +75,13 @@ impl RedisServer {
                 "nodes.conf",
             ]);
         }
+        cmd.args(extra);
         let child = cmd.spawn().expect("start redis-server");
         let server = RedisServer {
             child: Some(child),
             port,
             cluster,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             dir,
         };
         server.wait_until_up();
@@ -116,12 +127,35 @@ impl RedisServer {
         self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
         drop(dir);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         let fresh = Self::spawn(
             self.port,
             self.cluster,
+            &extra,
             tempfile::tempdir().expect("tempdir"),
         );
         *self = fresh;
+    }
+
+    /// Stops (SIGSTOP) or resumes (SIGCONT) the server: a hung node, whose
+    /// connections stay open and unanswered.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// The `host:port` others reach it at.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Its role (`master` or `slave`), from `ROLE`.
+    pub fn role(&self) -> String {
+        self.cli(&["ROLE"]).lines().next().unwrap_or("").to_owned()
     }
 
     /// Every key with its PTTL.
@@ -161,8 +195,21 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::spawn(free_port(), true, tempfile::tempdir().expect("tempdir")))
+        Self::start_with(0, &[])
+    }
+
+    /// Three masters with `replicas` replicas each (masters first in
+    /// `nodes`), every node started with `extra` arguments.
+    pub fn start_with(replicas: usize, extra: &[&str]) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
+            .map(|_| {
+                RedisServer::spawn(
+                    free_port(),
+                    true,
+                    extra,
+                    tempfile::tempdir().expect("tempdir"),
+                )
+            })
             .collect();
         require("redis-cli");
         let addrs: Vec<String> = nodes
@@ -173,7 +220,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -186,7 +233,16 @@ impl RedisCluster {
             let ok = nodes
                 .iter()
                 .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
-            if ok {
+            // Synced replicas (a replica that never synced does not fail over).
+            let replicated = nodes
+                .iter()
+                .filter(|n| {
+                    n.cli(&["INFO", "replication"])
+                        .contains("master_link_status:up")
+                })
+                .count()
+                == 3 * replicas;
+            if ok && replicated {
                 break;
             }
             assert!(Instant::now() < deadline, "cluster did not become ready");
@@ -202,6 +258,40 @@ impl RedisCluster {
             .map(|n| n.url())
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The master serving `key`'s slot, as the first node sees it.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: i64 = self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("a slot");
+        // CLUSTER NODES: id, host:port@bus, flags, master, ..., then ranges.
+        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let (start, end) = range.split_once('-').unwrap_or((range, range));
+                matches!((start.parse::<i64>(), end.parse::<i64>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+            });
+            let port = fields[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok());
+            if serves && let Some(port) = port {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port == port)
+                    .expect("a node of this cluster");
+            }
+        }
+        panic!("no master for slot {slot} in {nodes}");
     }
 
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {

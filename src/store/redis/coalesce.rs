@@ -31,8 +31,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::keys::Slot;
 use redis::Value;
-use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -238,7 +238,7 @@ impl RedisStore {
             // Boxed with its timer: the client's future is large, and every
             // request's future would carry (and move) both; only a leader
             // sends.
-            let call = Box::pin(tokio::time::timeout_at(until, self.send(&parts)));
+            let call = Box::pin(tokio::time::timeout_at(until, self.send(slot, &parts)));
             match call.await {
                 Ok(reply) => reply,
                 Err(_) => Err(StoreError::Timeout(timeout)),

@@ -6,40 +6,23 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+use super::keys::Slot;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};
 
+use super::cluster::Node;
+use super::script::Invocation;
 use super::{RedisStore, RedisTarget};
 use crate::store::StoreError;
 
-#[derive(Clone)]
-pub(super) enum Conn {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
-}
+/// One thread's multiplexed connection to one server.
+pub(super) type Conn = ConnectionManager;
 
-impl Conn {
-    pub(super) async fn invoke(
-        &mut self,
-        inv: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, RedisError> {
-        match self {
-            Conn::Standalone(c) => inv.invoke_async(c).await,
-            Conn::Cluster(c) => inv.invoke_async(c).await,
-        }
-    }
-
-    pub(super) async fn ping(&mut self) -> Result<(), RedisError> {
-        let cmd = redis::cmd("PING");
-        let reply = match self {
-            Conn::Standalone(c) => c.req_packed_command(&cmd).await?,
-            Conn::Cluster(c) => c.req_packed_command(&cmd).await?,
-        };
-        // An error reply (NOAUTH from a Redis that wants a password) comes
-        // back as a value: Redis answering is not Redis accepting us.
-        reply.extract_error().map(drop)
-    }
+/// PING on `conn`. An error reply (NOAUTH from a Redis that wants a
+/// password) comes back as a value: Redis answering is not Redis accepting us.
+async fn ping(conn: &mut Conn) -> Result<(), RedisError> {
+    let reply = conn.req_packed_command(&redis::cmd("PING")).await?;
+    reply.extract_error().map(drop)
 }
 
 /// How often the sentinels are asked where the master is.
@@ -70,17 +53,11 @@ impl RedisStore {
                 self.connect_one(&format!("{master_prefix}{addr}"), timeout)
                     .await
             }
-            RedisTarget::Cluster(nodes) => {
-                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1);
-                if let Some(certs) = self.tls_certificates() {
-                    builder = builder.certs(certs);
-                }
-                let client = builder.build()?;
-                Ok(Conn::Cluster(client.get_async_connection().await?))
-            }
+            // Cluster: one connection per master (see cluster.rs).
+            RedisTarget::Cluster(_) => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "a Redis Cluster has no single server to connect to",
+            ))),
         }
     }
 
@@ -143,17 +120,47 @@ impl RedisStore {
         url: &str,
         timeout: std::time::Duration,
     ) -> Result<Conn, RedisError> {
-        let client = match self.tls_certificates() {
-            Some(certs) => redis::Client::build_with_tls(url, certs)?,
-            None => redis::Client::open(url)?,
-        };
+        let client = self.client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1);
-        Ok(Conn::Standalone(
-            ConnectionManager::new_with_config(client, config).await?,
-        ))
+        ConnectionManager::new_with_config(client, config).await
+    }
+
+    /// A client for `url`, with the CA and client certificate given.
+    pub(super) fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+        match self.tls_certificates() {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+    }
+
+    /// Runs `inv`: on the server (standalone, or Sentinel's master), or on
+    /// the Cluster master serving `slot`.
+    pub(super) async fn invoke(
+        &self,
+        slot: Slot,
+        inv: &Invocation<'_>,
+    ) -> Result<Value, StoreError> {
+        if self.inner.cluster.is_some() {
+            return self.invoke_cluster(slot, inv).await;
+        }
+        let mut conn = self.conn().await?;
+        inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
+    }
+
+    /// This thread's connection to a Cluster `node`, made on first use.
+    pub(super) async fn node_conn(&self, node: &Node) -> Result<Conn, StoreError> {
+        let generation = node.breaker.generation();
+        let cached = CONNECTIONS.with(|c| c.borrow().get(&node.id).cloned());
+        if let Some((_, conn)) = cached.filter(|(g, _)| *g == generation) {
+            return Ok(conn);
+        }
+        let timeout = self.inner.options.timeout;
+        let conn = self.timed(self.connect_one(&node.url, timeout)).await?;
+        CONNECTIONS.with(|c| c.borrow_mut().insert(node.id, (generation, conn.clone())));
+        Ok(conn)
     }
 
     /// The CA to trust and the client certificate to present for
@@ -201,8 +208,12 @@ impl RedisStore {
 
     /// Sends PING on this thread's connection, within the store's timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn().await?;
-        self.timed(conn.ping()).await?;
+        if self.inner.cluster.is_some() {
+            Box::pin(self.ping_cluster()).await?;
+        } else {
+            let mut conn = self.conn().await?;
+            self.timed(ping(&mut conn)).await?;
+        }
         match &self.inner.per_second {
             Some(per_second) => Box::pin(per_second.ping()).await,
             None => Ok(()),
@@ -213,6 +224,9 @@ impl RedisStore {
     /// circuit breaker probes with, since a connection made before an
     /// outage may be stuck reconnecting.
     pub async fn probe(&self) -> Result<(), StoreError> {
+        if self.inner.cluster.is_some() {
+            return Box::pin(self.ping_cluster()).await;
+        }
         let within = self
             .inner
             .options
@@ -220,7 +234,7 @@ impl RedisStore {
             .max(self.inner.options.timeout);
         let probe = async {
             let mut conn = self.connect_within(within).await?;
-            conn.ping().await
+            ping(&mut conn).await
         };
         match tokio::time::timeout(within, probe).await {
             Ok(Ok(())) => Ok(()),

@@ -107,6 +107,20 @@ pub(super) fn script_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// A Redis Cluster hash slot (0 to 16,383).
+pub(super) type Slot = u16;
+
+/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text
+/// between the first `{` and the next `}`, when not empty) or of all of it.
+pub(super) fn slot_of(key: &[u8]) -> Slot {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16_384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +137,30 @@ mod tests {
         assert_eq!(current, "tollgate:{api|user=ann}:sw:minute:2");
         assert_eq!(previous, "tollgate:{api|user=ann}:sw:minute:1");
         assert_eq!(Slot::for_key(&current), Slot::for_key(&previous));
+    }
+
+    #[test]
+    fn slots_are_the_ones_redis_computes() {
+        for key in [
+            "",
+            "a",
+            "{}",
+            "{}x",
+            "x{}y",
+            "{user1000}.following",
+            "a{b}{c}",
+            "{{a}}",
+            "tollgate:{api|user=ann}:fw:minute:9",
+        ] {
+            assert_eq!(
+                Slot::new(slot_of(key.as_bytes())),
+                Some(Slot::for_key(key)),
+                "{key}"
+            );
+        }
+        // Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(slot_of(b"123456789"), 12_739);
+        assert_eq!(slot_of(b"foo"), 12_182);
     }
 
     #[test]

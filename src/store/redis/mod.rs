@@ -20,6 +20,7 @@
 //! until it answers. The outage and the recovery are logged once each.
 
 mod breaker;
+mod cluster;
 mod coalesce;
 mod conn;
 mod keys;
@@ -36,17 +37,15 @@ mod slots;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use redis::Script;
-
 use super::{Check, StoreError};
 use crate::clock::Nanos;
 use breaker::Breaker;
 pub use coalesce::BatchBounds;
-use conn::redis_error;
 use options::config_error;
 pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
 pub use quota::{QuotaExchange, QuotaTotals};
+use script::Lua;
 
 const ALGORITHMS: &str = concat!(
     "local ALGORITHMS = {}\n",
@@ -56,17 +55,19 @@ const ALGORITHMS: &str = concat!(
 );
 
 /// The script sent to Redis: the three algorithms, then the batch driver.
-fn batch_script() -> Script {
-    Script::new(&format!("{ALGORITHMS}{}", include_str!("batch.lua")))
+fn batch_script() -> Lua {
+    Lua::new(format!("{ALGORITHMS}{}", include_str!("batch.lua")))
 }
 
 struct Inner {
     id: usize,
     options: RedisOptions,
-    batch: Script,
-    refund: Script,
-    quota: Script,
+    batch: Lua,
+    refund: Lua,
+    quota: Lua,
     breaker: Breaker,
+    /// Cluster routing: the slot map and each master's health.
+    cluster: Option<cluster::Cluster>,
     over_limit: Option<OverLimitCache>,
     /// Local balances of leased keys (`consistency: leased`).
     leases: lease::Leases,
@@ -153,15 +154,20 @@ impl RedisStore {
                 Some(RedisStore::new(options)?)
             }
         };
+        let cluster = match &options.target {
+            RedisTarget::Cluster(nodes) => Some(cluster::Cluster::new(nodes.clone())),
+            _ => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 over_limit: options.over_limit_cache.then(OverLimitCache::default),
                 options,
                 batch: batch_script(),
-                refund: Script::new(include_str!("refund.lua")),
-                quota: Script::new(include_str!("quota.lua")),
+                refund: Lua::new(include_str!("refund.lua").to_owned()),
+                quota: Lua::new(include_str!("quota.lua").to_owned()),
                 breaker: Breaker::default(),
+                cluster,
                 leases: lease::Leases::default(),
                 sentinel_master: parking_lot::Mutex::new(None),
                 sentinel_watch: AtomicBool::new(false),
@@ -170,9 +176,24 @@ impl RedisStore {
         })
     }
 
-    /// Whether the circuit is open (Redis considered down).
+    /// Whether a circuit is open: Redis considered down or, on a Cluster,
+    /// at least one master (whose slots get the failure modes).
     pub fn circuit_open(&self) -> bool {
         self.inner.breaker.is_open()
+            || self
+                .inner
+                .cluster
+                .as_ref()
+                .is_some_and(|c| !c.open_masters().is_empty())
+    }
+
+    /// Cluster masters whose circuit is open (none off a Cluster).
+    pub fn open_masters(&self) -> Vec<String> {
+        self.inner
+            .cluster
+            .as_ref()
+            .map(cluster::Cluster::open_masters)
+            .unwrap_or_default()
     }
 
     /// Decides `checks` at `now`, all or nothing.
@@ -205,7 +226,8 @@ impl RedisStore {
         {
             return Ok(());
         }
-        if self.circuit_open() {
+        // (A Cluster's masters have a breaker each: see cluster.rs.)
+        if self.inner.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
         // One bound for the decision, from now: connecting (first use, or
@@ -230,7 +252,7 @@ impl RedisStore {
                 Ok(())
             }
             Err(e) => {
-                if e.is_transient() {
+                if e.is_transient() && self.inner.cluster.is_none() {
                     self.failed(&e);
                     // Behind Sentinel, a failing master may have been
                     // replaced (a demoted one answers READONLY): every

@@ -15,7 +15,7 @@
 use futures_util::future::join;
 use smallvec::SmallVec;
 
-use super::{RedisStore, keys::key_names, keys::script_code, redis_error};
+use super::{RedisStore, keys::key_names, keys::script_code};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::store::{Check, StoreError, refused};
@@ -97,10 +97,7 @@ impl RedisStore {
                     .arg(script_code(check.algorithm))
                     .arg(check.charge())
                     .arg(interval.max(1));
-                async move {
-                    let mut conn = self.conn().await?;
-                    conn.invoke(&invocation).await.map_err(|e| redis_error(&e))
-                }
+                async move { self.invoke(invocation.slot(), &invocation).await }
             });
         let all = futures_util::future::join_all(refunds);
         let failed = match tokio::time::timeout(self.inner.options.timeout, all).await {

@@ -49,7 +49,7 @@ impl RedisStore {
         &self,
         exchange: &QuotaExchange<'_>,
     ) -> Result<QuotaTotals, StoreError> {
-        if self.circuit_open() {
+        if self.inner.breaker.is_open() {
             return Err(StoreError::CircuitOpen);
         }
         let [weights, used] = quota_key_names(
@@ -73,8 +73,10 @@ impl RedisStore {
             .arg(exchange.stale / NANOS_PER_TICK)
             .arg(exchange.admitted)
             .arg(ttl_ms.max(1));
-        let mut conn = self.conn().await?;
-        let reply = self.timed(conn.invoke(&invocation)).await?;
+        let timeout = self.inner.options.timeout;
+        let reply = tokio::time::timeout(timeout, self.invoke(invocation.slot(), &invocation))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
         match reply {
             Value::Array(items) => match items.as_slice() {
                 [Value::Int(total), Value::Int(used)] => Ok(QuotaTotals {

@@ -1,11 +1,10 @@
 //! All or nothing across Cluster hash slots: the hits a refused request
 //! committed in other slots are given back.
 
+use super::keys::Slot;
 use futures_util::future::join_all;
-use redis::cluster_routing::Slot;
 
 use super::RedisStore;
-use super::conn::redis_error;
 use super::keys::script_code;
 use super::slots::Group;
 use crate::algorithm::{Algorithm, NANOS_PER_TICK};
@@ -31,17 +30,10 @@ impl RedisStore {
         if !refused(ro.iter()) {
             return;
         }
-        let conn = match self.conn().await {
-            Ok(conn) => conn,
-            Err(error) => {
-                tracing::warn!(%error, "refund across Cluster slots not sent; the refused request's hits stay spent");
-                return;
-            }
-        };
         let refunds = groups
             .iter()
             .filter(|(_, g)| !g.refused_here(ro))
-            .map(|(_, group)| {
+            .map(|(slot, group)| {
                 let mut inv = self.inner.refund.prepare_invoke();
                 let mut k = 0;
                 for &i in &group.checks {
@@ -66,8 +58,7 @@ impl RedisStore {
                         .arg(committed)
                         .arg(interval.max(1));
                 }
-                let mut conn = conn.clone();
-                async move { conn.invoke(&inv).await.map_err(|e| redis_error(&e)) }
+                async move { self.invoke(*slot, &inv).await }
             });
         let timeout = self.inner.options.timeout;
         let refunded = tokio::time::timeout(timeout, join_all(refunds)).await;

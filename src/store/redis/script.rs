@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::keys::{Slot, slot_of};
 use redis::Value;
 use smallvec::SmallVec;
 
-use super::conn::redis_error;
 use super::{RedisStore, msgpack};
 use crate::store::StoreError;
 
@@ -41,10 +41,109 @@ const FIELDS: usize = 9;
 /// Per check: allowed, remaining, wait (µs).
 pub(super) type Rows = Vec<(bool, u32, u64)>;
 
+/// A Lua script: its SHA1 for `EVALSHA`, and its source for `EVAL` when
+/// Redis does not have it (a restart, a failover, a node new to a slot).
+pub(super) struct Lua {
+    hash: String,
+    code: String,
+}
+
+impl Lua {
+    pub(super) fn new(code: String) -> Self {
+        Self {
+            hash: redis::Script::new(&code).get_hash().to_owned(),
+            code,
+        }
+    }
+
+    /// A call of this script, its keys and arguments to be added.
+    pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
+        Invocation {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script. Unlike the `redis` crate's invocation, it
+/// can be sent as `EVAL` behind `ASKING` (a Cluster slot being migrated),
+/// and it says which slot its keys are in.
+pub(super) struct Invocation<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    pub(super) fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(super) fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// The hash slot of its first key (all of its keys share it).
+    pub(super) fn slot(&self) -> Slot {
+        slot_of(self.keys.first().map_or(&b""[..], Vec::as_slice))
+    }
+
+    /// `EVALSHA`, or `EVAL` with the source when `source`.
+    fn command(&self, source: bool) -> redis::Cmd {
+        let mut cmd = if source {
+            redis::cmd("EVAL")
+        } else {
+            redis::cmd("EVALSHA")
+        };
+        cmd.arg(if source {
+            &self.lua.code
+        } else {
+            &self.lua.hash
+        })
+        .arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(key.as_slice());
+        }
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+
+    /// Runs the script on `conn`: by its SHA1, or by its source when Redis
+    /// lacks it; `asking` sends it behind `ASKING` (an `ASK` redirection),
+    /// with the source, since the importing node may lack the script.
+    pub(super) async fn run(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        asking: bool,
+    ) -> redis::RedisResult<Value> {
+        if asking {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").ignore().add_command(self.command(true));
+            let (reply,): (Value,) = pipe.query_async(conn).await?;
+            return reply.extract_error();
+        }
+        match self.command(false).query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.command(true).query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
 impl RedisStore {
     /// One script call for `parts`: each distinct key once in KEYS (a hot
     /// key is in every part), the numbers as one MessagePack argument.
-    pub(super) async fn send<'a>(&self, parts: &[&'a Part]) -> Result<Value, StoreError> {
+    pub(super) async fn send<'a>(
+        &self,
+        slot: Slot,
+        parts: &[&'a Part],
+    ) -> Result<Value, StoreError> {
         let mut inv = self.inner.batch.prepare_invoke();
         let numbers = 1 + parts
             .iter()
@@ -82,8 +181,7 @@ impl RedisStore {
             }
         }
         inv.arg(args.into_bytes());
-        let mut conn = self.conn().await?;
-        conn.invoke(&inv).await.map_err(|e| redis_error(&e))
+        self.invoke(slot, &inv).await
     }
 }
 

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use super::keys::{self, Slot, key_names, script_code};
 use futures_util::future::join_all;
-use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use super::keys::{key_names, script_code};
+
 use super::options::RedisTarget;
 use super::script::{CheckArgs, Part, Rows};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
@@ -54,9 +54,9 @@ impl RedisStore {
             let window = check.quota.window_at(now);
             let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
             let slot = if cluster {
-                Slot::for_key(&names[0])
+                keys::slot_of(names[0].as_bytes())
             } else {
-                Slot::for_key("")
+                0
             };
             let g = match groups.iter().position(|(s, _)| *s == slot) {
                 Some(g) => g,
