@@ -125,7 +125,7 @@ async fn concurrent_misses_refill_a_lease_once_so_at_most_one_lease_is_unspent()
         admitted_total += t.await.expect("task");
     }
     assert_eq!(admitted_total, 64 * 20);
-    let keys = redis.cli(&["--scan"]);
+    let keys = redis.counter_names();
     let key = keys
         .lines()
         .find(|k| k.contains("big"))
@@ -302,7 +302,7 @@ descriptors:
     assert_eq!(redis.calls("incrby"), 4, "two later writes of two keys");
     let hour_ms = hour / 1_000_000;
     let mut seen = 0;
-    for (key, _) in redis.keys_with_ttl() {
+    for (key, _) in redis.counters_with_ttl() {
         let expires: u64 = redis
             .cli(&["PEXPIRETIME", &key])
             .trim()
@@ -323,14 +323,14 @@ descriptors:
     // A value Lua reads as a number but INCRBY refuses (written by anything
     // but Tollgate, without an expiry): rewritten with SET ... PXAT, never an
     // error that would fail every request of the call.
-    for (key, _) in redis.keys_with_ttl() {
+    for (key, _) in redis.counters_with_ttl() {
         assert_eq!(redis.cli(&["SET", &key, "1e1"]).trim(), "OK");
     }
     clock.set(hour + 59_500 * 1_000_000);
     let request = common::limiter_request("w", &[&[("fixed", "x")], &[("sliding", "x")]], 1);
     let decided = limiter.should_rate_limit(&request).await.expect("decided");
     assert!(!decided.over_limit);
-    for (key, ttl) in redis.keys_with_ttl() {
+    for (key, ttl) in redis.counters_with_ttl() {
         assert!(ttl > 0, "{key} has its expiry again");
         assert_eq!(redis.cli(&["GET", &key]).trim(), "11", "{key}: 10 + 1");
     }
@@ -376,7 +376,7 @@ async fn one_check_requests_after_a_several_check_request_in_one_call_count_ever
         assert_eq!(s.await.expect("single"), 1);
     }
     sleeper.join().expect("sleeper");
-    let keys = redis.cli(&["--scan"]);
+    let keys = redis.counter_names();
     let a = keys
         .lines()
         .find(|k| k.contains("{l|a=k}"))

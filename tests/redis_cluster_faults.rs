@@ -253,3 +253,62 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
         .sum();
     assert_eq!(counted, admitted, "hits counted in Redis");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_refused_because_one_of_its_slots_failed_spends_nothing_in_the_others() {
+    let cluster = RedisCluster::start();
+    let rules = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
+    let urls = cluster.urls();
+    let server = Tollgate::start(
+        rules,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--failure-mode",
+            "deny",
+        ],
+    );
+    let mut client = server.client().await;
+    let user = "ann";
+    let user_master = cluster.master_of(&tag(user));
+    let org = (0..100)
+        .map(|i| format!("org{i}"))
+        .find(|o| cluster.master_of(&format!("{{t|org={o}}}")) != user_master)
+        .expect("an org on another master");
+    let org_master = cluster.master_of(&format!("{{t|org={org}}}"));
+    let both = || request("t", &[&[("user", user)], &[("org", &org)]]);
+    assert_eq!(ask(&mut client, both()).await.overall_code, 1);
+
+    cluster.nodes[org_master].signal("-STOP");
+    for _ in 0..12 {
+        assert_eq!(
+            ask(&mut client, both()).await.overall_code,
+            2,
+            "refused by the failure mode"
+        );
+    }
+    cluster.nodes[org_master].signal("-CONT");
+    // Calls the stopped master received now run, late; their cancellations
+    // follow them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let count = |node: usize, needle: &str| -> u64 {
+        let n = &cluster.nodes[node];
+        n.counter_names()
+            .lines()
+            .filter(|k| k.contains(needle))
+            .map(|k| n.cli(&["GET", k]).trim().parse::<u64>().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        count(user_master, "user=ann"),
+        1,
+        "the healthy slot spent nothing for refusals"
+    );
+    assert_eq!(
+        count(org_master, &format!("org={org}")),
+        1,
+        "the stopped master's late calls spent nothing"
+    );
+}

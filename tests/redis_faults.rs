@@ -154,3 +154,64 @@ async fn a_request_needing_more_checks_than_the_bound_is_refused_naming_it() {
     );
     assert_eq!(ask(&mut client, user("d")).await.overall_code, 2);
 }
+
+/// The sum of the counters of keys whose names contain `needle`.
+fn counted(redis: &RedisServer, needle: &str) -> u64 {
+    redis
+        .counter_names()
+        .lines()
+        .filter(|k| k.contains(needle))
+        .map(|k| redis.cli(&["GET", k]).trim().parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_times_out_spends_nothing_even_when_redis_runs_it_late() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Tollgate::start(
+        "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n",
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "50ms",
+            "--failure-mode",
+            "deny",
+        ],
+    );
+    let mut client = server.client().await;
+    assert_eq!(ask(&mut client, user("warm")).await.overall_code, 1);
+    // Redis stalls (a slow link would do the same): every call below times
+    // out at Tollgate, is answered from the failure mode (deny), and then
+    // runs in Redis once the stall ends.
+    let port = redis.port.to_string();
+    let sleeper = std::thread::spawn(move || {
+        Command::new("redis-cli")
+            .args(["-p", &port, "DEBUG", "SLEEP", "0.6"])
+            .output()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let mut client = server.client().await;
+        calls.push(tokio::spawn(async move {
+            ask(&mut client, user("late")).await.overall_code
+        }));
+    }
+    for call in calls {
+        assert_eq!(call.await.expect("call"), 2, "refused by the failure mode");
+    }
+    let _ = sleeper.join();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counted(&redis, "user=late"),
+        0,
+        "refused requests spent nothing: {}",
+        redis.counter_names()
+    );
+    assert_eq!(ask(&mut client, user("late")).await.overall_code, 1);
+    assert_eq!(counted(&redis, "user=late"), 1, "and counting goes on");
+}

@@ -163,7 +163,7 @@ async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
     let many: &[&[(&str, &str)]] = &[&[("many", "key-1")]];
     code(&server, many).await.expect("warm up");
     // Three limits, four keys (the sliding window reads two), one hash tag.
-    let keys = cluster.keys_with_ttl();
+    let keys = cluster.counters_with_ttl();
     assert_eq!(keys.len(), 3, "{keys:?}");
     assert!(
         keys.iter().any(|(k, _)| k.contains(":sw:5minute:"))

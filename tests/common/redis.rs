@@ -158,7 +158,23 @@ impl RedisServer {
         self.cli(&["ROLE"]).lines().next().unwrap_or("").to_owned()
     }
 
-    /// Every key with its PTTL.
+    /// Counters (every key but the calls' receipts) with their PTTL.
+    pub fn counters_with_ttl(&self) -> Vec<(String, i64)> {
+        let mut keys = self.keys_with_ttl();
+        keys.retain(|(k, _)| !is_receipt(k));
+        keys
+    }
+
+    /// The counters' names, one per line, as `redis-cli --scan` lists them.
+    pub fn counter_names(&self) -> String {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|k| !is_receipt(k))
+            .map(|k| format!("{k}\n"))
+            .collect()
+    }
+
+    /// Every key (counters and receipts) with its PTTL.
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
         self.cli(&["--scan"])
             .lines()
@@ -186,6 +202,11 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Whether `key` is a script call's receipt (see `batch.lua`), not a counter.
+pub fn is_receipt(key: &str) -> bool {
+    key.contains("}:call:")
 }
 
 /// A three-master Redis Cluster on free ports.
@@ -296,6 +317,13 @@ impl RedisCluster {
 
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
         self.nodes.iter().flat_map(|n| n.keys_with_ttl()).collect()
+    }
+
+    pub fn counters_with_ttl(&self) -> Vec<(String, i64)> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.counters_with_ttl())
+            .collect()
     }
 
     pub fn calls(&self, command: &str) -> u64 {

@@ -26,6 +26,11 @@
 --   slots).
 -- Windows are computed by the caller (calendar months, multiples of a unit);
 -- key names already carry the window number.
+-- ARGV[2]: the lifetime (ms) of the call's receipt, whose key is the last of
+--   KEYS (in the call's slot). When the call commits anything, the receipt
+--   records what (key index, amount added, ...), so that a caller who gave
+--   up waiting can take it back (cancel.lua); a receipt that holds 'x' says
+--   the caller cancelled before the call ran, and the call commits nothing.
 -- Returns one MessagePack array: three integers per check, in order: allowed
 -- (1/0), remaining, wait (µs).
 --
@@ -45,6 +50,10 @@ local ALG = {}
 for code, decide in pairs(ALGORITHMS) do ALG[string.byte(code)] = decide end
 local ENFORCED, QUOTA, TOKEN = string.byte('1'), string.byte('q'), string.byte('t')
 local input = cmsgpack.unpack(ARGV[1])
+local receipt_ttl = ARGV[2]
+local receipt = nil
+if receipt_ttl then receipt = #KEYS end
+local receipt_was = false
 
 -- What the call has committed so far (key -> value and expiry, in order),
 -- what the current request would commit, and what Redis held before the
@@ -67,7 +76,10 @@ for from = 1, #KEYS, 4000 do
     stored[i] = v or 0
     if v ~= nil then raw[i] = r end
   end
+  if receipt and to == #KEYS then receipt_was = values[to - from + 1] end
 end
+-- Cancelled by its caller before it ran: nobody waits for the answer.
+if receipt_was == 'x' then return cmsgpack.pack({}) end
 -- Keys of window counters (fixed and sliding window): their expiry follows
 -- from their name (the window), so once written it never changes.
 local windowed = {}
@@ -190,9 +202,12 @@ local function integer(n)
   if n < EXACT and n > -EXACT then return string.format('%d', n) end
   return n
 end
+local undo = {}
 for _, key in ipairs(committed_order) do
   local value = committed[key]
   local was = stored[key]
+  undo[#undo + 1] = key
+  undo[#undo + 1] = value - was
   if windowed[key] and value < EXACT and raw[key] == integer(was) then
     -- A window counter that exists already has the expiry its window gives
     -- it (every write of a new key sets it, below): INCRBY keeps it, and
@@ -205,5 +220,8 @@ for _, key in ipairs(committed_order) do
     redis.call('SET', KEYS[key], integer(value), 'PXAT',
       integer(math.ceil(committed_exp[key] / 1000)))
   end
+end
+if receipt and #undo > 0 then
+  redis.call('SET', KEYS[receipt], cmsgpack.pack(undo), 'PX', receipt_ttl)
 end
 return cmsgpack.pack(out)

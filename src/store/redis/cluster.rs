@@ -358,6 +358,18 @@ impl RedisStore {
         }
     }
 
+    /// Whether calls for `slot` stop at a breaker: the store's, or on a
+    /// Cluster, that of the master serving it.
+    pub(super) fn slot_open(&self, slot: Slot) -> bool {
+        self.inner.breaker.is_open()
+            || self.inner.cluster.as_ref().is_some_and(|c| {
+                c.topology
+                    .load()
+                    .owner(slot)
+                    .is_some_and(|n| n.breaker.is_open())
+            })
+    }
+
     /// The master serving `slot`; the map is read first if there is none.
     async fn owner(&self, slot: u16) -> Result<Arc<Node>, StoreError> {
         let cluster = self.cluster();
@@ -366,7 +378,10 @@ impl RedisStore {
         }
         let version = cluster.version.load(Ordering::Acquire);
         if cluster.topology.load().masters.is_empty() {
-            self.refresh(version).await?;
+            // Type-erased: connecting to every node is a deep future, and
+            // every request's future would carry its type.
+            let refresh: futures_util::future::BoxFuture<'_, _> = Box::pin(self.refresh(version));
+            refresh.await?;
             if let Some(node) = cluster.topology.load().owner(slot) {
                 return Ok(node.clone());
             }

@@ -238,11 +238,7 @@ impl RedisStore {
             // Boxed with its timer: the client's future is large, and every
             // request's future would carry (and move) both; only a leader
             // sends.
-            let call = Box::pin(tokio::time::timeout_at(until, self.send(slot, &parts)));
-            match call.await {
-                Ok(reply) => reply,
-                Err(_) => Err(StoreError::Timeout(timeout)),
-            }
+            Box::pin(self.send(slot, &parts, until)).await
         };
         deliver(part.checks.len(), others, reply)
     }

@@ -144,7 +144,8 @@ impl RedisStore {
         inv: &Invocation<'_>,
     ) -> Result<Value, StoreError> {
         if self.inner.cluster.is_some() {
-            return self.invoke_cluster(slot, inv).await;
+            // Boxed: large, and Cluster only.
+            return Box::pin(self.invoke_cluster(slot, inv)).await;
         }
         let mut conn = self.conn().await?;
         inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
@@ -158,7 +159,10 @@ impl RedisStore {
             return Ok(conn);
         }
         let timeout = self.inner.options.timeout;
-        let conn = self.timed(self.connect_one(&node.url, timeout)).await?;
+        // Type-erased, as connecting is a deep future (see `owner`).
+        let connect: futures_util::future::BoxFuture<'_, _> =
+            Box::pin(self.connect_one(&node.url, timeout));
+        let conn = self.timed(connect).await?;
         CONNECTIONS.with(|c| c.borrow_mut().insert(node.id, (generation, conn.clone())));
         Ok(conn)
     }

@@ -64,6 +64,7 @@ struct Inner {
     options: RedisOptions,
     batch: Lua,
     refund: Lua,
+    cancel: Lua,
     quota: Lua,
     breaker: Breaker,
     /// Cluster routing: the slot map and each master's health.
@@ -165,6 +166,7 @@ impl RedisStore {
                 options,
                 batch: batch_script(),
                 refund: Lua::new(include_str!("refund.lua").to_owned()),
+                cancel: Lua::new(include_str!("cancel.lua").to_owned()),
                 quota: Lua::new(include_str!("quota.lua").to_owned()),
                 breaker: Breaker::default(),
                 cluster,

@@ -30,43 +30,9 @@ impl RedisStore {
         if !refused(ro.iter()) {
             return;
         }
-        let refunds = groups
-            .iter()
-            .filter(|(_, g)| !g.refused_here(ro))
-            .map(|(slot, group)| {
-                let mut inv = self.inner.refund.prepare_invoke();
-                let mut k = 0;
-                for &i in &group.checks {
-                    let c = &ro[i];
-                    let n = if c.algorithm == Algorithm::SlidingWindow {
-                        2
-                    } else {
-                        1
-                    };
-                    for key in &group.keys[k..k + n] {
-                        inv.key(key);
-                    }
-                    k += n;
-                    let committed = if c.outcome.is_some_and(|o| o.allowed) {
-                        c.charge()
-                    } else {
-                        0
-                    };
-                    let period = (c.quota.period / NANOS_PER_TICK).max(1);
-                    let interval = period / u64::from(c.quota.limit.max(1));
-                    inv.arg(script_code(c.algorithm))
-                        .arg(committed)
-                        .arg(interval.max(1));
-                }
-                async move { self.invoke(*slot, &inv).await }
-            });
         let timeout = self.inner.options.timeout;
-        let refunded = tokio::time::timeout(timeout, join_all(refunds)).await;
-        let failed = match refunded {
-            Err(_) => Some(StoreError::Timeout(timeout)),
-            Ok(results) => results.into_iter().find_map(Result::err),
-        };
-        if let Some(error) = failed {
+        let committed = groups.iter().filter(|(_, g)| !g.refused_here(ro));
+        if let Err(error) = self.refund_groups(ro, committed).await {
             tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
             return;
         }
@@ -93,6 +59,50 @@ impl RedisStore {
                     outcome.remaining = left;
                 }
             }
+        }
+    }
+
+    /// Gives back what the admitted checks of `groups` committed (each
+    /// group one script call of its slot), within the store's timeout.
+    pub(super) async fn refund_groups<'g>(
+        &self,
+        checks: &[Check],
+        groups: impl Iterator<Item = &'g (Slot, Group)>,
+    ) -> Result<(), StoreError> {
+        let refunds = groups.map(|(slot, group)| {
+            let mut inv = self.inner.refund.prepare_invoke();
+            let mut k = 0;
+            for &i in &group.checks {
+                let c = &checks[i];
+                let n = if c.algorithm == Algorithm::SlidingWindow {
+                    2
+                } else {
+                    1
+                };
+                for key in &group.keys[k..k + n] {
+                    inv.key(key);
+                }
+                k += n;
+                let committed = if c.outcome.is_some_and(|o| o.allowed) {
+                    c.charge()
+                } else {
+                    0
+                };
+                let period = (c.quota.period / NANOS_PER_TICK).max(1);
+                let interval = period / u64::from(c.quota.limit.max(1));
+                inv.arg(script_code(c.algorithm))
+                    .arg(committed)
+                    .arg(interval.max(1));
+            }
+            async move { self.invoke(*slot, &inv).await }
+        });
+        let timeout = self.inner.options.timeout;
+        match tokio::time::timeout(timeout, join_all(refunds)).await {
+            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(results) => results
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err),
         }
     }
 }

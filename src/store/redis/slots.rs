@@ -114,10 +114,36 @@ impl RedisStore {
             self.decide_part(*slot, self.part(group, checks, now, true), deadline)
         });
         let replies = join_all(calls).await;
+        let mut failed = None;
+        let mut answered = SmallVec::<[bool; 2]>::new();
         for ((_, group), rows) in groups.iter().zip(replies) {
-            fill(checks, group, rows?);
+            answered.push(rows.is_ok());
+            match rows {
+                Ok(rows) => fill(checks, group, rows),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(groups)
+        let Some(error) = failed else {
+            return Ok(groups);
+        };
+        // A slot failed: the request is answered from the failure modes, as
+        // if Redis had not been asked. What the other slots committed is
+        // given back, so a request not decided by Redis spends nothing.
+        let ro: &[Check] = checks;
+        let committed = groups
+            .iter()
+            .zip(&answered)
+            .filter(|((_, g), answered)| **answered && !g.refused_here(ro))
+            .map(|(g, _)| g);
+        if let Err(refund) = self.refund_groups(ro, committed).await {
+            tracing::warn!(error = %refund, "refund after a failed Cluster slot failed; the hits its other slots took stay spent");
+        }
+        for check in checks.iter_mut() {
+            check.outcome = None;
+        }
+        Err(error)
     }
 
     /// One slot's checks of a request, as the batch script takes them;
