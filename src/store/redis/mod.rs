@@ -17,7 +17,9 @@
 //! (see coalesce.rs for how queued requests keep it). After `breaker_threshold` failures in
 //! a row the store stops calling Redis (each decision fails at once, and the
 //! limiter answers from the failure modes) and probes Redis in the background
-//! until it answers. The outage and the recovery are logged once each.
+//! until it answers. The outage and the recovery are logged once each. On a
+//! Cluster each master has a breaker of its own (see cluster.rs), and a call
+//! with no answer is taken back if it runs late (see script.rs).
 
 mod breaker;
 mod cluster;
