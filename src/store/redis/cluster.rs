@@ -291,6 +291,9 @@ impl RedisStore {
                 None => (self.owner(slot).await?, false),
             };
             if node.breaker.is_open() {
+                // Traffic for its slots reads the map again (at most every
+                // 50 ms), so they follow a promotion at once.
+                self.refresh_soon();
                 return Err(StoreError::CircuitOpen);
             }
             let mut conn = self.node_conn(&node).await?;
