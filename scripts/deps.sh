@@ -24,6 +24,11 @@ ensure_test_deps() {
         echo "deps: installing redis-sentinel" >&2
         apt_install redis-sentinel
     fi
+    # The admin port's cross-site test runs a real browser.
+    if ! command -v chromium >/dev/null; then
+        echo "deps: installing chromium" >&2
+        apt_install chromium
+    fi
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || apt_install openssl
     # The Debian package starts a system Redis on 6379; the tests start their

@@ -62,6 +62,9 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     false
 }
 
+/// The header a `/json` request needs.
+const JSON: &[(&str, &str)] = &[("Content-Type", "application/json")];
+
 /// The HTTP/2 client preface and an empty SETTINGS frame.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
@@ -182,7 +185,7 @@ async fn oversized_requests_are_refused_naming_the_bound() {
         .map(|i| format!(r#"{{"entries":[{{"key":"user","value":"{i}"}}]}}"#))
         .collect();
     let body = format!(r#"{{"domain":"gw","descriptors":[{}]}}"#, entries.join(","));
-    let r = http_with_body(server.admin, "POST", "/json", &[], &body).expect("answer");
+    let r = http_with_body(server.admin, "POST", "/json", JSON, &body).expect("answer");
     assert_eq!(r.status, 400);
     assert!(r.body.contains("--max-descriptors"), "{}", r.body);
 
@@ -236,7 +239,7 @@ async fn malformed_bodies_and_content_types_are_the_clients_error() {
     // An out-of-range numeric unit on /json is refused, not truncated.
     let body = r#"{"domain":"gw","descriptors":[{"entries":[{"key":"user","value":"u"}],
         "limit":{"requestsPerUnit":5,"unit":4294967298}}]}"#;
-    let r = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    let r = http_with_body(server.admin, "POST", "/json", JSON, body).expect("answer");
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("unit"), "{}", r.body);
 }
@@ -341,18 +344,37 @@ async fn slow_admin_clients_are_cut_off_and_bounded() {
         closed_within(&mut slow, Duration::from_secs(6)),
         "slow headers: closed"
     );
-    // Two connections take both slots (the kernel hands them over in order).
+    // Two idle connections take both slots (the kernel hands them over in
+    // order); a third makes room by closing the one idle the longest.
     let started = Instant::now();
     let mut a = TcpStream::connect(server.admin).expect("connect");
+    std::thread::sleep(Duration::from_millis(100));
     let mut b = TcpStream::connect(server.admin).expect("connect");
+    std::thread::sleep(Duration::from_millis(100));
     let mut c = TcpStream::connect(server.admin).expect("connect");
     assert!(
-        closed_within(&mut c, Duration::from_millis(1500)),
-        "over the limit: closed at once, well before the 2 s admin timeout"
+        closed_within(&mut a, Duration::from_millis(1500)),
+        "the oldest idle connection: closed at once, well before the 2 s admin timeout"
     );
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert!(closed_within(&mut a, Duration::from_secs(6)));
+    // Busy connections are not evicted: b and c each hold a request whose
+    // body never ends, and a fourth connection is turned away.
+    let request = format!(
+        "POST /json HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
+        server.admin
+    );
+    for busy in [&mut b, &mut c] {
+        busy.write_all(request.as_bytes())
+            .expect("a request in progress");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut d = TcpStream::connect(server.admin).expect("connect");
+    assert!(
+        closed_within(&mut d, Duration::from_millis(1500)),
+        "every connection busy: the new one is closed at once"
+    );
     assert!(closed_within(&mut b, Duration::from_secs(6)));
+    assert!(closed_within(&mut c, Duration::from_secs(6)));
     assert_eq!(
         http(server.admin, "GET", "/healthcheck", &[])
             .expect("answer")
@@ -653,4 +675,33 @@ fn secrets_stay_out_of_logs_and_reference_variables_never_override_flags() {
             out.stderr
         );
     }
+}
+
+/// Idle connections past the bound cannot keep health checks out: each new
+/// connection closes the one idle the longest (issue 22: 70 idle
+/// connections, reopened every 5 s, let 1 of 18 probes through).
+#[tokio::test]
+async fn idle_admin_connections_never_keep_health_checks_out() {
+    let server = Tollgate::start(RULES, &[]);
+    let mut idle: Vec<TcpStream> = (0..70)
+        .map(|_| TcpStream::connect(server.admin).expect("connect"))
+        .collect();
+    let mut answered = 0;
+    for round in 0..18 {
+        // The attacker reopens its idle connections now and then.
+        if round % 5 == 4 {
+            idle = (0..70)
+                .map(|_| TcpStream::connect(server.admin).expect("connect"))
+                .collect();
+        }
+        let started = Instant::now();
+        let r = http(server.admin, "GET", "/healthcheck", &[]);
+        match &r {
+            Ok(r) if r.status == 200 && started.elapsed() < Duration::from_secs(1) => answered += 1,
+            other => eprintln!("round {round}: {other:?} after {:?}", started.elapsed()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(idle);
+    assert_eq!(answered, 18, "health checks answered within 1 s");
 }

@@ -288,12 +288,26 @@ async fn healthcheck_reports_a_store_outage_and_fails_while_shutting_down() {
 async fn json_answers_200_429_and_400() {
     let server = Tollgate::start(&rules(1), &[]);
     let body = r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
-    let ok = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    let ok = http_with_body(
+        server.admin,
+        "POST",
+        "/json",
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .expect("answer");
     assert_eq!(ok.status, 200, "{}", ok.body);
     let v: serde_json::Value = serde_json::from_str(&ok.body).expect("JSON");
     assert_eq!(v["overallCode"], "OK");
     assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 1);
-    let over = http_with_body(server.admin, "POST", "/json", &[], body).expect("answer");
+    let over = http_with_body(
+        server.admin,
+        "POST",
+        "/json",
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .expect("answer");
     assert_eq!(over.status, 429);
     assert!(over.body.contains("OVER_LIMIT"));
     for bad in [
@@ -301,7 +315,14 @@ async fn json_answers_200_429_and_400() {
         r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j","extra":1}]}]}"#,
         r#"{"domain":"","descriptors":[]}"#,
     ] {
-        let r = http_with_body(server.admin, "POST", "/json", &[], bad).expect("answer");
+        let r = http_with_body(
+            server.admin,
+            "POST",
+            "/json",
+            &[("Content-Type", "application/json")],
+            bad,
+        )
+        .expect("answer");
         assert_eq!(r.status, 400, "{bad}");
         assert!(!r.body.trim().is_empty(), "a reason is given");
     }

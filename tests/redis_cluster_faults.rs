@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 use common::redis::RedisCluster;
 use common::{Tollgate, ask, request};
 
+/// One Cluster at a time: these tests measure timings (recovery, a reshard
+/// within request deadlines) that a neighbouring six-node Cluster being
+/// killed and promoted on this 2-core machine would distort.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const RULES: &str = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 
 fn on(cluster: &RedisCluster) -> Tollgate {
@@ -48,6 +53,7 @@ async fn a_killed_master_costs_only_its_slots_and_they_return_when_its_replica_i
 /// A master of a 3+3 Cluster gets `signal` (SIGSTOP: hung, its connections
 /// open and unanswered; SIGKILL: gone, connections refused).
 async fn master_fails(signal: &str) {
+    let _one = ONE_AT_A_TIME.lock().await;
     // Redis's default `cluster-require-full-coverage yes` stops every
     // master while one is failed and not yet replaced: Redis's own outage,
     // the README's failure table says. Here the healthy masters keep serving.
@@ -175,6 +181,7 @@ async fn master_fails(signal: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let server = on(&cluster);
     let users: Vec<String> = (0..200).map(|i| format!("r{i}")).collect();
@@ -269,6 +276,7 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_refused_because_one_of_its_slots_failed_spends_nothing_in_the_others() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let rules = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
     let urls = cluster.urls();

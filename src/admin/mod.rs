@@ -2,8 +2,10 @@
 //! `/json` (a RateLimitRequest as JSON, as the reference's `/json`) and
 //! `/rlconfig` (the loaded rules, one line per limit).
 
+mod guard;
 mod json;
 
+pub use guard::Access;
 pub use json::request_from_json;
 
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -107,6 +109,7 @@ struct AdminState {
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
     health: Arc<Health>,
+    access: Arc<Access>,
 }
 
 /// The admin routes.
@@ -115,11 +118,22 @@ pub fn router(
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
     health: Arc<Health>,
+    access: Arc<Access>,
 ) -> Router {
+    let json_route = if access.json {
+        post(json)
+    } else {
+        post(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "POST /json is turned off (--admin-json off)\n",
+            )
+        })
+    };
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
-        .route("/json", post(json))
+        .route("/json", json_route)
         .route("/rlconfig", get(rlconfig))
         .route("/rlqs", get(rlqs))
         .route("/candidate", get(candidate_json))
@@ -132,7 +146,9 @@ pub fn router(
             quotas,
             candidate,
             health,
+            access: access.clone(),
         })
+        .layer(axum::middleware::from_fn_with_state(access, guard::guard))
 }
 
 /// The reference's stats as Prometheus metrics, through a statsd-exporter
@@ -175,6 +191,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     if let Some(candidate) = &s.candidate {
         candidate.render_metrics(&mut text);
     }
+    s.access.render_metrics(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -242,7 +259,17 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
     }
 }
 
-async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
+async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    // A cross-site page can send text/plain without a CORS preflight; it
+    // cannot send application/json.
+    if !guard::is_json(&headers) {
+        s.access.count_refusal();
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST /json takes Content-Type: application/json\n",
+        )
+            .into_response();
+    }
     let request = match json::request_from_json(&body) {
         Ok(request) => request,
         Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),

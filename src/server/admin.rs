@@ -1,9 +1,16 @@
 //! The admin HTTP listener: HTTP/1.1 with a bound on connections and on how
 //! long each may stay open (slow headers, a body that never ends, a reader
 //! that never reads), so a slow client cannot lock out health checks.
+//!
+//! At the bound, a new connection closes the one idle the longest (no
+//! request in progress: never sent one, or between requests) instead of
+//! being turned away: idle connections, however many are opened, cannot
+//! keep a kubelet's probe out. Only when every connection is busy with a
+//! request is a new one refused.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -27,24 +34,37 @@ pub(super) async fn serve(
         .header_read_timeout(limits.admin_timeout.min(Duration::from_secs(10)))
         .max_buf_size(64 * 1024);
     let mut connections = JoinSet::new();
+    let idle = Arc::new(Idle::default());
+    let evict = {
+        let idle = idle.clone();
+        move || idle.evict_oldest()
+    };
     let mut incoming = Acceptor::new(
         "admin",
         "--max-admin-connections",
         limits.admin_connections.clone(),
-    );
+    )
+    .evicting(evict);
     loop {
         tokio::select! {
             (tcp, permit) = incoming.next(&listener) => {
-                let service = TowerToHyperService::new(router.clone());
+                let (id, evicted) = idle.add();
+                let service = TowerToHyperService::new(Tracked {
+                    router: router.clone(),
+                    idle: idle.clone(),
+                    id,
+                });
                 let lifetime = limits.admin_timeout;
                 let acceptor = tls.as_ref().map(|t| t.admin_acceptor());
                 let http1 = http1.clone();
+                let idle = idle.clone();
                 connections.spawn(async move {
                     let _permit = permit;
+                    let _gone = Gone(&idle, id);
                     // Past its lifetime (TLS handshake included) the
                     // connection is simply dropped: whatever it was waiting
-                    // for, it has had its time.
-                    let _ = tokio::time::timeout(lifetime, async move {
+                    // for, it has had its time. Evicted, likewise.
+                    let serve = tokio::time::timeout(lifetime, async move {
                         match acceptor {
                             None => {
                                 let _ = http1.serve_connection(TokioIo::new(tcp), service).await;
@@ -55,8 +75,11 @@ pub(super) async fn serve(
                                 }
                             }
                         }
-                    })
-                    .await;
+                    });
+                    tokio::select! {
+                        _ = serve => {}
+                        () = evicted.notified() => {}
+                    }
                 });
             }
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
@@ -64,4 +87,102 @@ pub(super) async fn serve(
         }
     }
     connections.abort_all();
+}
+
+/// The admin connections and since when each has been idle.
+#[derive(Default)]
+struct Idle {
+    next: std::sync::atomic::AtomicU64,
+    connections: parking_lot::Mutex<HashMap<u64, Connection>>,
+}
+
+struct Connection {
+    /// Since when no request has been in progress; `None` while one is.
+    idle_since: Option<Instant>,
+    evict: Arc<tokio::sync::Notify>,
+}
+
+impl Idle {
+    /// A new connection, idle from now; notified when evicted.
+    fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let evict = Arc::new(tokio::sync::Notify::new());
+        self.connections.lock().insert(
+            id,
+            Connection {
+                idle_since: Some(Instant::now()),
+                evict: evict.clone(),
+            },
+        );
+        (id, evict)
+    }
+
+    fn set(&self, id: u64, busy: bool) {
+        if let Some(c) = self.connections.lock().get_mut(&id) {
+            c.idle_since = if busy { None } else { Some(Instant::now()) };
+        }
+    }
+
+    /// Closes the connection idle the longest; false when all are busy.
+    fn evict_oldest(&self) -> bool {
+        let mut connections = self.connections.lock();
+        let oldest = connections
+            .iter()
+            .filter_map(|(id, c)| c.idle_since.map(|t| (t, *id)))
+            .min();
+        match oldest {
+            Some((_, id)) => {
+                if let Some(c) = connections.remove(&id) {
+                    c.evict.notify_one();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Forgets a connection when its task ends.
+struct Gone<'a>(&'a Idle, u64);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        self.0.connections.lock().remove(&self.1);
+    }
+}
+
+/// The router, marking its connection busy while a request is in progress.
+#[derive(Clone)]
+struct Tracked {
+    router: axum::Router,
+    idle: Arc<Idle>,
+    id: u64,
+}
+
+impl tower_service::Service<axum::http::Request<hyper::body::Incoming>> for Tracked {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+        self.idle.set(self.id, true);
+        let mut router = self.router.clone();
+        let idle = self.idle.clone();
+        let id = self.id;
+        Box::pin(async move {
+            let response =
+                tower_service::Service::call(&mut router, request.map(axum::body::Body::new)).await;
+            idle.set(id, false);
+            response
+        })
+    }
 }

@@ -105,14 +105,29 @@ impl FullNotice {
     }
 }
 
+/// Makes room at the bound by closing a connection; false when none can go.
+type Evict = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// One listener's accept loop state.
-#[derive(Debug)]
 pub(super) struct Acceptor {
     what: &'static str,
     flag: &'static str,
     slots: Arc<Semaphore>,
     backoff: AcceptBackoff,
     full: FullNotice,
+    evict: Option<Evict>,
+    /// A connection accepted at the bound, waiting for the slot an eviction
+    /// frees (until the instant given): kept here, not in the future, so a
+    /// `select!` that drops the future does not drop the connection.
+    waiting: Option<(TcpStream, tokio::time::Instant)>,
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor")
+            .field("what", &self.what)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Acceptor {
@@ -124,7 +139,16 @@ impl Acceptor {
             slots,
             backoff: AcceptBackoff::default(),
             full: FullNotice::default(),
+            evict: None,
+            waiting: None,
         }
+    }
+
+    /// At the bound, `evict` closes a connection (the admin listener's
+    /// longest idle one) and the new connection takes its slot.
+    pub(super) fn evicting(mut self, evict: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        self.evict = Some(Box::new(evict));
+        self
     }
 
     /// The next connection that fits under the bound, with its slot: a
@@ -135,6 +159,16 @@ impl Acceptor {
         listener: &TcpListener,
     ) -> (TcpStream, OwnedSemaphorePermit) {
         loop {
+            if let Some((_, until)) = &self.waiting {
+                let slot =
+                    tokio::time::timeout_at(*until, self.slots.clone().acquire_owned()).await;
+                let (tcp, _) = self.waiting.take().expect("waiting, checked above");
+                if let Ok(Ok(permit)) = slot {
+                    return (tcp, permit);
+                }
+                self.full.full(self.what, self.flag);
+                drop(tcp);
+            }
             let tcp = match listener.accept().await {
                 Ok((tcp, _)) => {
                     self.backoff.succeeded(self.what);
@@ -151,6 +185,12 @@ impl Acceptor {
                 Ok(permit) => {
                     self.full.room();
                     return (tcp, permit);
+                }
+                // At the bound: an eviction frees a slot as soon as the
+                // evicted connection's task ends.
+                Err(_) if self.evict.as_ref().is_some_and(|evict| evict()) => {
+                    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+                    self.waiting = Some((tcp, until));
                 }
                 Err(_) => {
                     self.full.full(self.what, self.flag);

@@ -105,6 +105,8 @@ pub struct Serve {
     pub tls: Option<Arc<Tls>>,
     /// Whether the admin listeners use `tls` too.
     pub admin_tls: bool,
+    /// Who may use the admin port from a browser.
+    pub admin_access: Arc<crate::admin::Access>,
     /// Rules from an xDS server (then `reloader` is `None`).
     pub xds: Option<crate::xds::XdsOptions>,
     /// statsd output of the reference's stats.
@@ -144,6 +146,7 @@ pub fn run(
         limits,
         tls,
         admin_tls,
+        admin_access,
         xds,
         statsd,
         reference_metrics,
@@ -205,6 +208,7 @@ pub fn run(
                 quotas.clone(),
                 candidate.as_ref().map(|(c, _)| c.clone()),
                 health.clone(),
+                admin_access.clone(),
             );
             tasks.push(tokio::spawn(admin::serve(
                 listener,

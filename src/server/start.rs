@@ -175,6 +175,13 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         },
         tls,
         admin_tls: args.admin_tls == OnOff::On,
+        admin_access: Arc::new(crate::admin::Access::new(
+            args.admin_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+            args.admin_json == OnOff::On,
+        )),
         statsd: args.stats.statsd_options(),
         reference_metrics,
         otel: otel.clone(),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 mod otel;
 mod redis_url;
@@ -15,6 +15,7 @@ mod reference_vars;
 mod reference_xds;
 mod stats;
 mod unknown;
+mod values;
 mod xds;
 
 pub use otel::{OtelArgs, TracingProtocol};
@@ -23,11 +24,15 @@ pub use reference::REFERENCE_PROGRAM;
 pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
 pub use stats::{StatsArgs, StatsdProtocol};
 pub use unknown::unknown_env;
+pub use values::{
+    AlgorithmArg, FailureModeArg, Keepalive, LogFormat, OnOff, OnStoreError, StoreKind,
+    UnmatchedArg, parse_duration,
+};
+use values::{at_least_one, parse_fraction, parse_keepalive, parse_share, parse_ttl, parse_zone};
 pub use xds::XdsArgs;
 
-use crate::algorithm::Algorithm;
 use crate::calendar::Zone;
-use crate::rules::{FailureMode, LoadOptions};
+use crate::rules::LoadOptions;
 
 /// Tollgate: a rate limit service for Envoy.
 #[derive(Debug, Parser)]
@@ -201,7 +206,17 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
-    /// Most open admin HTTP connections; past it new ones are closed at once.
+    /// Host names the admin port answers to besides IP addresses and
+    /// localhost (a defence against DNS rebinding); `*` answers any.
+    #[arg(long, env = "TOLLGATE_ADMIN_HOSTS", value_delimiter = ',')]
+    pub admin_hosts: Vec<String>,
+
+    /// Serve `POST /json` (decisions that spend budgets) on the admin port.
+    #[arg(long, env = "TOLLGATE_ADMIN_JSON", value_enum, default_value_t = OnOff::On)]
+    pub admin_json: OnOff,
+
+    /// Most open admin HTTP connections; past it a new one closes the one
+    /// idle the longest, or is closed at once when every one is busy.
     #[arg(long, env = "TOLLGATE_MAX_ADMIN_CONNECTIONS", default_value_t = 64, value_parser = at_least_one)]
     pub max_admin_connections: usize,
 
@@ -429,46 +444,6 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-/// What buckets without a limit get from the quota service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum UnmatchedArg {
-    /// Allow every request (`ALLOW_ALL`).
-    AllowAll,
-    /// Deny every request (`DENY_ALL`).
-    DenyAll,
-}
-
-/// A duration in whole seconds, at least 1 s (an RLQS assignment's TTL).
-fn parse_ttl(text: &str) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
-    if d.subsec_nanos() != 0 || d.as_secs() == 0 {
-        return Err(format!(
-            "'{text}' must be whole seconds, at least 1s (Envoy counts TTLs in seconds)"
-        ));
-    }
-    Ok(d)
-}
-
-/// A share from 0 to 1.
-fn parse_share(text: &str) -> Result<f64, String> {
-    let share: f64 = text
-        .parse()
-        .map_err(|_| format!("'{text}' is not a number"))?;
-    if !(0.0..=1.0).contains(&share) {
-        return Err(format!("'{text}' must be from 0 to 1"));
-    }
-    Ok(share)
-}
-
-/// Log formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 /// `tollgate check`.
 #[derive(Debug, Args, Clone)]
 pub struct CheckArgs {
@@ -484,142 +459,6 @@ pub struct CheckArgs {
     /// Time zone of calendar limits that do not set `time_zone`.
     #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
     pub time_zone: &'static Zone,
-}
-
-fn parse_zone(name: &str) -> Result<&'static Zone, String> {
-    Zone::get(name)
-}
-
-/// `on` or `off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
-    /// Enabled.
-    On,
-    /// Disabled.
-    Off,
-}
-
-/// Algorithm names on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AlgorithmArg {
-    /// Fixed window.
-    FixedWindow,
-    /// Sliding window counter.
-    SlidingWindow,
-    /// Token bucket (GCRA).
-    TokenBucket,
-}
-
-impl From<AlgorithmArg> for Algorithm {
-    fn from(a: AlgorithmArg) -> Self {
-        match a {
-            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
-            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
-            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
-        }
-    }
-}
-
-/// Failure modes on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FailureModeArg {
-    /// Fail open.
-    Allow,
-    /// Fail closed.
-    Deny,
-    /// An in-process limit of requests_per_unit / --instances.
-    Local,
-}
-
-/// Where counters live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StoreKind {
-    /// In this process.
-    Memory,
-    /// One Redis server.
-    Redis,
-    /// Redis Cluster.
-    RedisCluster,
-    /// A master found through Redis Sentinel (--redis-url lists the
-    /// sentinels; --redis-sentinel-master names the master).
-    RedisSentinel,
-}
-
-/// What a store failure turns into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnStoreError {
-    /// Each rule's failure mode (server default --failure-mode).
-    FailureMode,
-    /// gRPC UNAVAILABLE, as envoyproxy/ratelimit.
-    Unavailable,
-}
-
-/// Parses a whole number of at least one.
-/// A number from 0 to 1.
-fn parse_fraction(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("'{text}' is not a number"))?;
-    if !(0.0..=1.0).contains(&value) {
-        return Err(format!("{value} must be between 0 and 1"));
-    }
-    Ok(value)
-}
-
-fn at_least_one(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("'{text}' is not a whole number")),
-    }
-}
-
-/// The HTTP/2 keepalive interval, or none (`off`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keepalive(pub Option<Duration>);
-
-/// Parses a duration, or `off`.
-fn parse_keepalive(text: &str) -> Result<Keepalive, String> {
-    if text == "off" {
-        return Ok(Keepalive(None));
-    }
-    parse_duration(text).map(|d| Keepalive(Some(d)))
-}
-
-/// Parses `250us`, `10ms`, `2s` or `1m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .ok_or_else(|| format!("'{text}' needs a unit (us, ms, s or m)"))?;
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' does not start with a number"))?;
-    let seconds = match unit {
-        "us" | "µs" => value / 1e6,
-        "ms" => value / 1e3,
-        "s" => value,
-        "m" => value * 60.0,
-        _ => {
-            return Err(format!(
-                "'{text}': unknown unit '{unit}' (use us, ms, s or m)"
-            ));
-        }
-    };
-    if seconds <= 0.0 || seconds > 3600.0 {
-        return Err(format!("'{text}' must be above zero and at most an hour"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
-}
-
-impl From<FailureModeArg> for FailureMode {
-    fn from(m: FailureModeArg) -> Self {
-        match m {
-            FailureModeArg::Allow => FailureMode::Allow,
-            FailureModeArg::Deny => FailureMode::Deny,
-            FailureModeArg::Local => FailureMode::Local,
-        }
-    }
 }
 
 /// The reference's switch for domain merging.

@@ -1,0 +1,186 @@
+//! The value types and parsers of the command line: durations, shares,
+//! zones, and the enums behind `value_enum` flags.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use crate::algorithm::Algorithm;
+use crate::calendar::Zone;
+use crate::rules::FailureMode;
+
+/// What buckets without a limit get from the quota service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnmatchedArg {
+    /// Allow every request (`ALLOW_ALL`).
+    AllowAll,
+    /// Deny every request (`DENY_ALL`).
+    DenyAll,
+}
+
+/// A duration in whole seconds, at least 1 s (an RLQS assignment's TTL).
+pub(super) fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.subsec_nanos() != 0 || d.as_secs() == 0 {
+        return Err(format!(
+            "'{text}' must be whole seconds, at least 1s (Envoy counts TTLs in seconds)"
+        ));
+    }
+    Ok(d)
+}
+
+/// A share from 0 to 1.
+pub(super) fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if !(0.0..=1.0).contains(&share) {
+        return Err(format!("'{text}' must be from 0 to 1"));
+    }
+    Ok(share)
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+pub(super) fn parse_zone(name: &str) -> Result<&'static Zone, String> {
+    Zone::get(name)
+}
+
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// Algorithm names on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmArg {
+    /// Fixed window.
+    FixedWindow,
+    /// Sliding window counter.
+    SlidingWindow,
+    /// Token bucket (GCRA).
+    TokenBucket,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(a: AlgorithmArg) -> Self {
+        match a {
+            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
+            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+        }
+    }
+}
+
+/// Failure modes on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailureModeArg {
+    /// Fail open.
+    Allow,
+    /// Fail closed.
+    Deny,
+    /// An in-process limit of requests_per_unit / --instances.
+    Local,
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// In this process.
+    Memory,
+    /// One Redis server.
+    Redis,
+    /// Redis Cluster.
+    RedisCluster,
+    /// A master found through Redis Sentinel (--redis-url lists the
+    /// sentinels; --redis-sentinel-master names the master).
+    RedisSentinel,
+}
+
+/// What a store failure turns into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnStoreError {
+    /// Each rule's failure mode (server default --failure-mode).
+    FailureMode,
+    /// gRPC UNAVAILABLE, as envoyproxy/ratelimit.
+    Unavailable,
+}
+
+/// Parses a whole number of at least one.
+/// A number from 0 to 1.
+pub(super) fn parse_fraction(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!("{value} must be between 0 and 1"));
+    }
+    Ok(value)
+}
+
+pub(super) fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{text}' is not a whole number")),
+    }
+}
+
+/// The HTTP/2 keepalive interval, or none (`off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive(pub Option<Duration>);
+
+/// Parses a duration, or `off`.
+pub(super) fn parse_keepalive(text: &str) -> Result<Keepalive, String> {
+    if text == "off" {
+        return Ok(Keepalive(None));
+    }
+    parse_duration(text).map(|d| Keepalive(Some(d)))
+}
+
+/// Parses `250us`, `10ms`, `2s` or `1m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .ok_or_else(|| format!("'{text}' needs a unit (us, ms, s or m)"))?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' does not start with a number"))?;
+    let seconds = match unit {
+        "us" | "µs" => value / 1e6,
+        "ms" => value / 1e3,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (use us, ms, s or m)"
+            ));
+        }
+    };
+    if seconds <= 0.0 || seconds > 3600.0 {
+        return Err(format!("'{text}' must be above zero and at most an hour"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(m: FailureModeArg) -> Self {
+        match m {
+            FailureModeArg::Allow => FailureMode::Allow,
+            FailureModeArg::Deny => FailureMode::Deny,
+            FailureModeArg::Local => FailureMode::Local,
+        }
+    }
+}
