@@ -90,14 +90,57 @@ fn main() -> ExitCode {
 
 fn check(args: CheckArgs) -> ExitCode {
     match load_paths(&args.paths, &args.load_options()) {
-        Ok(rules) => {
-            print!("{rules}");
-            println!(
-                "ok: {} rules in {} domains",
-                rules.rules().len(),
-                rules.domain_count()
+        // What `serve` would refuse to be ready with (see Health::check).
+        Ok(rules) if rules.domain_count() == 0 => {
+            eprintln!(
+                "no rules in {}: `tollgate serve` would start but not be ready (\"no rules loaded\")",
+                args.paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
-            ExitCode::SUCCESS
+            ExitCode::FAILURE
+        }
+        Ok(rules) => {
+            use std::io::Write;
+            // Envoy's RateLimitResponse has a unit and no multiplier: for a
+            // window of several units, Envoy's x-ratelimit headers state the
+            // base unit's window (Tollgate's own RateLimit-Policy is exact).
+            for rule in rules.rules() {
+                if let Some(limit) = rule.limit.filter(|l| l.unit_multiplier > 1) {
+                    let unit = limit.unit.period_name(1, None);
+                    eprintln!(
+                        "warning: {} ({}): a window of {} {unit}s is sent to Envoy as per {unit} (Envoy's RateLimit has no multiplier), so Envoy's x-ratelimit-limit says w={} where the window is {} s; Tollgate's RateLimit-Policy header says the truth",
+                        rule.path,
+                        rule.reported_name,
+                        limit.unit_multiplier,
+                        limit.period_seconds() / u64::from(limit.unit_multiplier),
+                        limit.period_seconds(),
+                    );
+                }
+            }
+            let mut out = std::io::stdout().lock();
+            let written = write!(out, "{rules}")
+                .and_then(|()| {
+                    writeln!(
+                        out,
+                        "ok: {} rules in {} domains",
+                        rules.rules().len(),
+                        rules.domain_count()
+                    )
+                })
+                .and_then(|()| out.flush());
+            match written {
+                // `tollgate check ... | head -1`: the reader has all it
+                // wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tollgate check: cannot write the result: {e}");
+                    ExitCode::FAILURE
+                }
+                Ok(()) => ExitCode::SUCCESS,
+            }
         }
         Err(errors) => {
             eprintln!("{errors}");

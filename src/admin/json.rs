@@ -187,8 +187,7 @@ pub(super) fn response_to_json(r: &RateLimitResponse) -> Value {
                 });
             }
             if let Some(d) = &s.duration_until_reset {
-                let secs = d.seconds as f64 + f64::from(d.nanos) / 1e9;
-                status["durationUntilReset"] = json!(format!("{secs}s"));
+                status["durationUntilReset"] = json!(proto3_duration(d.seconds, d.nanos));
             }
             status
         })
@@ -203,4 +202,37 @@ pub(super) fn response_to_json(r: &RateLimitResponse) -> Value {
         "statuses": statuses,
         "responseHeadersToAdd": headers,
     })
+}
+
+/// A Duration in proto3's JSON mapping: seconds with 0, 3, 6 or 9
+/// fractional digits and an `s` (`29.144698s`, not a float's
+/// `29.144697999999998s`).
+fn proto3_duration(seconds: i64, nanos: i32) -> String {
+    let negative = seconds < 0 || nanos < 0;
+    let (seconds, nanos) = (seconds.unsigned_abs(), nanos.unsigned_abs());
+    let sign = if negative { "-" } else { "" };
+    if nanos == 0 {
+        format!("{sign}{seconds}s")
+    } else if nanos % 1_000_000 == 0 {
+        format!("{sign}{seconds}.{:03}s", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{sign}{seconds}.{:06}s", nanos / 1_000)
+    } else {
+        format!("{sign}{seconds}.{nanos:09}s")
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::proto3_duration;
+
+    #[test]
+    fn durations_have_0_3_6_or_9_fractional_digits() {
+        assert_eq!(proto3_duration(29, 144_698_000), "29.144698s");
+        assert_eq!(proto3_duration(29, 144_697_999), "29.144697999s");
+        assert_eq!(proto3_duration(1, 500_000_000), "1.500s");
+        assert_eq!(proto3_duration(3, 0), "3s");
+        assert_eq!(proto3_duration(0, 1), "0.000000001s");
+        assert_eq!(proto3_duration(-1, -500_000_000), "-1.500s");
+    }
 }

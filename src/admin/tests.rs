@@ -53,5 +53,5 @@ fn responses_use_enum_names_and_durations() {
     let v = response_to_json(&r);
     assert_eq!(v["overallCode"], "OVER_LIMIT");
     assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE");
-    assert_eq!(v["statuses"][0]["durationUntilReset"], "1.5s");
+    assert_eq!(v["statuses"][0]["durationUntilReset"], "1.500s");
 }

@@ -544,7 +544,7 @@ impl Limiter {
         let mut limits = planned.iter().zip(checks.iter()).peekable();
         let mut unlimited = unlimited.iter().peekable();
         for d in 0..descriptors {
-            let mut decided: Option<((bool, bool, u32), LimitStatus)> = None;
+            let mut decided: Option<((bool, bool, u64), LimitStatus)> = None;
             let mut others = Vec::new();
             while let Some((plan, check)) = limits.next_if(|(p, _)| p.descriptor == d) {
                 let (allowed, remaining, reset) = match check.outcome {
@@ -561,9 +561,18 @@ impl Limiter {
                     remaining,
                     reset,
                 };
-                // The deciding limit: the first that refused (enforced before
-                // shadow), else the one with the least left.
-                let rank = (!status.over_limit, allowed, remaining);
+                // The deciding limit: of those that refused (enforced before
+                // shadow), the one with the longest wait, which is what
+                // Retry-After says; else the one with the least left.
+                let rank = (
+                    !status.over_limit,
+                    allowed,
+                    if allowed {
+                        u64::from(remaining)
+                    } else {
+                        u64::MAX - status.reset
+                    },
+                );
                 match &decided {
                     Some((best, _)) if *best <= rank => others.push(status),
                     _ => others.extend(decided.replace((rank, status)).map(|(_, s)| s)),

@@ -298,6 +298,11 @@ async fn several_limits_headers_list_all_and_retry_after_waits_for_every_refusal
         "the hour's wait, not the second's: {hour_left}"
     );
     assert_eq!(retry, &hour_left.to_string());
+    // The status names the limit Retry-After waits for, with its wait (it
+    // named the first refusing limit in file order, the second's 1 s).
+    let status = &both.statuses[0];
+    assert_eq!(status.limit.as_ref().map(|l| &*l.name), Some("per-hour"));
+    assert_eq!(status.reset.div_ceil(NANOS_PER_SEC), hour_left);
     // Metrics: one series per limit, told apart by its name.
     let metrics = limiter.metrics().render();
     for limit in ["per-second", "per-hour", "watched"] {

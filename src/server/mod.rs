@@ -38,6 +38,24 @@ pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 /// How long shutdown waits for in-flight calls and open connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Says on stdout that `listener` listens on `addr`: `tollgate: admin
+/// listening on 127.0.0.1:6070`, or with `--log-format json` one JSON object
+/// shaped like the log's (`fields.message`, `fields.listener`, `fields.addr`).
+fn announce(json: bool, listener: &str, addr: SocketAddr) {
+    let message = format!("{listener} listening on {addr}");
+    if json {
+        let line = serde_json::json!({
+            "timestamp": jiff::Timestamp::now().to_string(),
+            "level": "INFO",
+            "fields": {"message": message, "listener": listener, "addr": addr.to_string()},
+            "target": "tollgate::server",
+        });
+        println!("{line}");
+    } else {
+        println!("tollgate: {message}");
+    }
+}
+
 /// Binds `workers` listeners on `addr` with `SO_REUSEPORT`. With port 0 the
 /// first gets a free port and the others share it.
 ///
@@ -107,6 +125,8 @@ pub struct Serve {
     pub admin_tls: bool,
     /// Who may use the admin port from a browser.
     pub admin_access: Arc<crate::admin::Access>,
+    /// `--log-format json`: the lines that say Tollgate is up are JSON too.
+    pub log_json: bool,
     /// Rules from an xDS server (then `reloader` is `None`).
     pub xds: Option<crate::xds::XdsOptions>,
     /// statsd output of the reference's stats.
@@ -147,6 +167,7 @@ pub fn run(
         tls,
         admin_tls,
         admin_access,
+        log_json,
         xds,
         statsd,
         reference_metrics,
@@ -320,13 +341,13 @@ pub fn run(
         let early = futures_util::poll!(shutdown.as_mut()).is_ready();
         // Lines on stdout that scripts and tests can wait for.
         if let Some(a) = reference_addr {
-            println!("tollgate: reference metrics listening on {a}");
+            announce(log_json, "reference metrics", a);
         }
         for a in &admin_addrs {
-            println!("tollgate: admin listening on {a}");
+            announce(log_json, "admin", *a);
         }
         if let Some(addr) = grpc_addr {
-            println!("tollgate: gRPC listening on {addr}");
+            announce(log_json, "gRPC", addr);
         }
         if !early {
             shutdown.await;

@@ -28,8 +28,26 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         None => match load_paths(&paths, &args.load_options()) {
             Ok(rules) => rules,
             Err(errors) => {
+                // The default is relative to the working directory: outside
+                // the checkout it does not exist, and the error alone does
+                // not say why Tollgate looked there.
+                let hint = if args.rules.is_empty() && !paths.iter().all(|p| p.exists()) {
+                    format!(
+                        "\n(no --rules given: the default is {}, relative to the working directory {}; give --rules PATH)",
+                        paths
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        std::env::current_dir()
+                            .map(|d| d.display().to_string())
+                            .unwrap_or_else(|_| "?".into())
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(format!(
-                    "rules not loaded ({} error(s)); not starting\n{errors}",
+                    "rules not loaded ({} error(s)); not starting\n{errors}{hint}",
                     errors.0.len()
                 ));
             }
@@ -175,6 +193,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
         },
         tls,
         admin_tls: args.admin_tls == OnOff::On,
+        log_json: args.log_format == crate::settings::LogFormat::Json,
         admin_access: Arc::new(crate::admin::Access::new(
             args.admin_hosts
                 .iter()

@@ -1,0 +1,146 @@
+//! What a new user trips over on the command line (issue 22, item 6): a
+//! pipe closed early, JSON logs with plain lines in them, a default rules
+//! path that only exists in the checkout, and `check` passing what `serve`
+//! will not be ready with.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules");
+
+#[test]
+fn check_into_a_pipe_closed_early_ends_quietly() {
+    // `tollgate check ... | head -1`: the reader goes after one line, long
+    // before the output (far more than a pipe holds) is written.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    for i in 0..5000 {
+        yaml.push_str(&format!(
+            "  - key: k\n    value: v{i}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}\n"
+        ));
+    }
+    std::fs::write(dir.path().join("many.yaml"), yaml).expect("write");
+    let mut child = Command::new(BIN)
+        .arg("check")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("a first byte");
+    drop(stdout);
+    let out = child.wait_with_output().expect("ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}
+
+#[test]
+fn check_refuses_a_directory_without_rules_as_serve_would_not_be_ready() {
+    let empty = tempfile::tempdir().expect("dir");
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(empty.path())
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no rules in"), "{stderr}");
+    assert!(stderr.contains("not be ready"), "{stderr}");
+}
+
+#[test]
+fn serve_outside_the_checkout_says_where_the_default_rules_path_points() {
+    let elsewhere = tempfile::tempdir().expect("dir");
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .current_dir(elsewhere.path())
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("examples/rules"), "{stderr}");
+    assert!(stderr.contains("no --rules given"), "{stderr}");
+    assert!(stderr.contains("--rules PATH"), "{stderr}");
+}
+
+#[test]
+fn json_logs_have_no_plain_lines() {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--rules",
+            RULES,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    while !text.contains("gRPC listening") && Instant::now() < deadline {
+        match stdout.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("gRPC listening"), "{text}\n{stderr}");
+    for line in text.lines().chain(stderr.lines()).filter(|l| !l.is_empty()) {
+        let parsed: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(parsed["fields"]["message"].is_string(), "{line}");
+    }
+    let admin = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["listener"] == "admin")
+        .expect("the admin line");
+    assert!(
+        admin["fields"]["addr"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{admin}"
+    );
+}
+
+#[test]
+fn check_warns_that_envoy_cannot_show_a_window_of_several_units() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, unit_multiplier: 10, requests_per_unit: 100}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("w=60 where the window is 600 s"),
+        "{stderr}"
+    );
+}
