@@ -63,19 +63,39 @@ impl Zone {
         if name.is_empty() || name.len() > 64 || name.starts_with('/') || name.contains("..") {
             return Err(format!("'{name}' is not an IANA time zone name"));
         }
-        let tz = TimeZone::get(name).map_err(|_| {
+        if name.eq_ignore_ascii_case("localtime") {
+            return Err(format!(
+                "'{name}' is the host's own zone, which differs from host to host: name an IANA zone such as Europe/Berlin or UTC"
+            ));
+        }
+        // The bundled database, never the host's (TZDIR, /usr/share/zoneinfo):
+        // every instance must cut days at the same instants, whatever its
+        // host holds.
+        let tz = bundled_zones().get(name).map_err(|_| {
             format!(
                 "unknown time zone '{name}' (expected an IANA name such as Europe/Berlin or UTC)"
             )
         })?;
+        // Names are matched without regard to case: `europe/berlin` is
+        // `Europe/Berlin`, one zone and one set of counters.
+        let canonical = tz.iana_name().unwrap_or(name).to_owned();
+        if let Some(zone) = zones.iter().find(|z| *z.name == canonical) {
+            return Ok(zone);
+        }
         // Bounded by the size of the time zone database (about 600 names).
         let zone: &'static Zone = Box::leak(Box::new(Zone {
-            name: name.into(),
+            name: canonical.into(),
             tz,
         }));
         zones.push(zone);
         Ok(zone)
     }
+}
+
+/// The IANA time zone database bundled into the binary.
+fn bundled_zones() -> &'static jiff::tz::TimeZoneDatabase {
+    static DB: OnceLock<jiff::tz::TimeZoneDatabase> = OnceLock::new();
+    DB.get_or_init(jiff::tz::TimeZoneDatabase::bundled)
 }
 
 /// A calendar period: `every` calendar `unit`s in `zone`, counted from the

@@ -178,3 +178,19 @@ fn zones_are_iana_names() {
         assert!(err.contains("time zone"), "{err}");
     }
 }
+
+#[test]
+fn zone_names_are_matched_without_case_and_the_hosts_own_is_refused() {
+    let berlin = Zone::get("Europe/Berlin").expect("a zone");
+    let lower = Zone::get("europe/berlin").expect("the same zone");
+    assert!(std::ptr::eq(berlin, lower), "one zone, one set of counters");
+    assert_eq!(lower.name(), "Europe/Berlin");
+    assert_eq!(
+        Zone::get("us/eastern").expect("a link").name(),
+        "US/Eastern"
+    );
+    for host in ["localtime", "LocalTime"] {
+        let e = Zone::get(host).expect_err("host-dependent");
+        assert!(e.contains("host"), "{e}");
+    }
+}

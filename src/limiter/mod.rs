@@ -310,7 +310,19 @@ impl Limiter {
     }
 
     /// Swaps in a new rule set; requests in flight finish on the old one.
+    /// Rules whose counters start afresh (a new algorithm, period or zone)
+    /// are logged at warn, at most 20 of them by name.
     pub fn set_rules(&self, rules: RuleSet) {
+        let restarted = crate::rules::restarted_counters(&self.rules.load(), &rules);
+        for change in restarted.iter().take(20) {
+            tracing::warn!(change = %change, "rule changed: counters restart");
+        }
+        if restarted.len() > 20 {
+            tracing::warn!(
+                more = restarted.len() - 20,
+                "more rules changed algorithm, period or zone: their counters restart"
+            );
+        }
         self.rules.store(Arc::new(rules));
     }
 

@@ -140,6 +140,9 @@ pub(crate) fn parse(text: &str) -> Result<RawFile, (Option<(u32, u32)>, String)>
     // Our own message names the file, line and column; the parser's snippet
     // would repeat them across several lines.
     options.with_snippet = false;
+    // Booleans are true and false: YAML 1.1's yes/no/on/off (and "yes" in
+    // quotes) are refused, not taken for a flag.
+    options.strict_booleans = true;
     serde_saphyr::from_str_with_options::<Option<RawFile>>(text, options)
         .map(|file| {
             file.unwrap_or(RawFile {

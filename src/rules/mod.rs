@@ -2,6 +2,7 @@
 //! into a [`RuleSet`] that matches request descriptors the way the reference
 //! does. Nothing here knows about gRPC or the store.
 
+mod changes;
 mod compile;
 mod error;
 mod file;
@@ -9,6 +10,8 @@ mod glob;
 mod limit;
 mod load;
 mod matcher;
+
+pub use changes::restarted_counters;
 
 use std::fmt;
 use std::path::PathBuf;

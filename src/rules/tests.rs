@@ -391,3 +391,57 @@ descriptors:
     assert_eq!(limit(&[]), None);
     assert!(rules.lookup_bucket("other", &[("api_key", "k1")]).is_none());
 }
+
+#[test]
+fn booleans_are_true_or_false_only() {
+    for (field, value) in [
+        ("calendar", "\"yes\""),
+        ("calendar", "yes"),
+        ("shadow_mode", "on"),
+    ] {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    {}\n    rate_limit: {{unit: day, requests_per_unit: 1{}}}\n",
+            if field == "shadow_mode" {
+                format!("shadow_mode: {value}")
+            } else {
+                String::new()
+            },
+            if field == "calendar" {
+                format!(", calendar: {value}")
+            } else {
+                String::new()
+            },
+        );
+        let text = text.replace("\n    \n", "\n");
+        assert!(
+            load(&text).is_err(),
+            "{field}: {value} must be refused:\n{text}"
+        );
+    }
+    let ok = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, calendar: true}\n";
+    assert!(load(ok).is_ok());
+}
+
+#[test]
+fn a_changed_algorithm_period_or_zone_is_reported_as_restarting_counters() {
+    let before = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1, calendar: true, time_zone: Europe/Berlin}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    )
+    .expect("rules");
+    let after = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1, calendar: true, time_zone: Asia/Tokyo}\n  - key: b\n    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 5}\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
+    )
+    .expect("rules");
+    let changes = restarted_counters(&before, &after);
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert!(
+        changes[0].contains("d.a")
+            && changes[0].contains("Europe/Berlin")
+            && changes[0].contains("Asia/Tokyo"),
+        "{changes:?}"
+    );
+    assert!(
+        changes[1].contains("d.b") && changes[1].contains("5minute"),
+        "{changes:?}"
+    );
+}
