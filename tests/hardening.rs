@@ -262,6 +262,43 @@ async fn a_stream_that_never_ends_is_cut_at_the_request_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
 
+/// A client that never reads its answer (a stream window of zero, PINGs
+/// answered) cannot hold the stream past --request-timeout: its connection
+/// is closed (issue 22: neither reset nor ended after 60 s).
+#[tokio::test]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let server = Tollgate::start(RULES, &["--request-timeout", "300ms"]);
+    let tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    let connection = tokio::spawn(conn);
+    let body = frame(&prost::Message::encode_to_vec(&request(
+        "gw",
+        &[&[("user", "a")]],
+    )));
+    let call = http::Request::post(format!("http://{}{PATH}", server.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request");
+    let started = Instant::now();
+    // The answer's headers come; its message cannot (the window is zero),
+    // and the response is held, unread.
+    let response = sender.send_request(call).await.expect("headers");
+    let ended = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    assert!(ended.is_ok(), "the connection is still open after 5 s");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    drop(response);
+    // Others are served as before.
+    let mut client = server.client().await;
+    ask(&mut client, request("gw", &[&[("user", "a")]])).await;
+}
+
 #[tokio::test]
 async fn connections_that_never_speak_or_go_idle_are_closed() {
     let server = Tollgate::start(

@@ -103,6 +103,12 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Calls finished so far.
     finished: AtomicU64,
+    /// The current period of `--request-timeout` (the connection's second
+    /// tick counts them), and per period (mod 3) the unary answers started
+    /// in it and not yet sent: an answer still unsent two periods on has a
+    /// client that does not read it.
+    period: AtomicU64,
+    unsent: [AtomicU64; 3],
 }
 
 impl Activity {
@@ -123,6 +129,53 @@ impl Activity {
 
 /// Ends a call's activity, also when the call is dropped (a reset stream).
 struct CallGuard(Arc<Activity>);
+
+/// A unary answer not yet sent (hyper drops the body once it is): counted
+/// in its period, see [`Activity::unsent`].
+struct Unsent {
+    activity: Arc<Activity>,
+    slot: usize,
+}
+
+impl Unsent {
+    fn new(activity: Arc<Activity>) -> Self {
+        let slot = (activity.period.load(Ordering::Relaxed) % 3) as usize;
+        activity.unsent[slot].fetch_add(1, Ordering::Relaxed);
+        Self { activity, slot }
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.activity.unsent[self.slot].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A unary answer's body, holding its [`Unsent`] until hyper has sent it.
+struct Sending {
+    body: tonic::body::Body,
+    _unsent: Unsent,
+}
+
+impl http_body::Body for Sending {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
@@ -155,9 +208,13 @@ where
     fn call(&mut self, request: http::Request<Incoming>) -> BoxReply {
         self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = CallGuard(self.activity.clone());
-        // A quota stream lasts as long as the client keeps it: the request
-        // timeout bounds its start only, and the call lasts while its body does.
-        let streaming = request.uri().path().starts_with(crate::rlqs::SERVICE_PATH);
+        // A quota stream (and a health watch) lasts as long as the client
+        // keeps it: the request timeout bounds its start only, and the call
+        // lasts while its body does.
+        let path = request.uri().path();
+        let streaming =
+            path.starts_with(crate::rlqs::SERVICE_PATH) || path == "/grpc.health.v1.Health/Watch";
+        let activity = self.activity.clone();
         let call = self.inner.call(request);
         let timeout = self.request_timeout;
         Box::pin(async move {
@@ -178,7 +235,16 @@ where
             };
             if !streaming {
                 drop(guard);
-                return reply;
+                // Sent or not, the answer must leave within the bound too:
+                // a client that never reads it (a zero window) would hold
+                // the stream forever (see `drive`).
+                let Ok(reply) = reply;
+                return Ok(reply.map(|body| {
+                    tonic::body::Body::new(Sending {
+                        body,
+                        _unsent: Unsent::new(activity),
+                    })
+                }));
             }
             let Ok(reply) = reply;
             Ok(reply.map(|body| {
@@ -260,6 +326,7 @@ where
                 let http2 = http2.clone();
                 let handshake = limits.handshake_timeout;
                 let idle = limits.idle_timeout;
+                let request_timeout = limits.request_timeout;
                 let acceptor = tls.as_ref().map(|t| t.grpc_acceptor());
                 connections.spawn(async move {
                     let _permit = permit;
@@ -267,7 +334,7 @@ where
                         None => {
                             if preface(&tcp, handshake).await {
                                 let io = TokioIo::new(tcp);
-                                drive(http2.serve_connection(io, service), &activity, idle, None, stop).await;
+                                drive(http2.serve_connection(io, service), &activity, idle, request_timeout, None, stop).await;
                             }
                         }
                         Some(acceptor) => {
@@ -278,7 +345,7 @@ where
                             if let Ok(Ok(stream)) = tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
                                 let io = TokioIo::new(stream);
                                 let first_call_by = Some(started + handshake);
-                                drive(http2.serve_connection(io, service), &activity, idle, first_call_by, stop).await;
+                                drive(http2.serve_connection(io, service), &activity, idle, request_timeout, first_call_by, stop).await;
                             }
                         }
                     }
@@ -298,13 +365,15 @@ where
 }
 
 /// Serves one connection until it ends: closes it gracefully when `stop`
-/// turns true, when no call has been in flight for `idle`, or when no call
-/// started by `first_call_by`; a peer that does not finish closing within
-/// the grace is dropped.
+/// turns true, when no call has been in flight for `idle`, when no call
+/// started by `first_call_by`, or when an answer is still unsent two
+/// periods of `request_timeout` after it was ready (a client that does not
+/// read); a peer that does not finish closing within the grace is dropped.
 async fn drive<C>(
     conn: C,
     activity: &Activity,
     idle: Duration,
+    request_timeout: Duration,
     first_call_by: Option<tokio::time::Instant>,
     mut stop: watch::Receiver<bool>,
 ) where
@@ -320,9 +389,23 @@ async fn drive<C>(
     let mut closing: Option<tokio::time::Instant> = None;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let first_call_by = first_call_by.unwrap_or(far);
+    let mut periods = tokio::time::interval(request_timeout);
+    periods.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = conn.as_mut() => break,
+            _ = periods.tick(), if closing.is_none() => {
+                // Answers of two periods ago are at least one whole period
+                // old; their slot takes the next period's.
+                let period = activity.period.load(Ordering::Relaxed) + 1;
+                let oldest = ((period + 1) % 3) as usize;
+                if activity.unsent[oldest].load(Ordering::Relaxed) > 0 {
+                    tracing::debug!("an answer unsent past --request-timeout (the client does not read): closing its connection");
+                    closing = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+                    conn.as_mut().shut_down();
+                }
+                activity.period.store(period, Ordering::Relaxed);
+            }
             _ = stop.wait_for(|s| *s), if closing.is_none() => {
                 closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
                 conn.as_mut().shut_down();
