@@ -24,6 +24,11 @@ const BIN: Nanos = 10 * NANOS_PER_SEC;
 const BINS: usize = 360;
 /// The most rules tracked (limits sent in requests could make more).
 const MAX_RULES: usize = 10_000;
+/// The most rules drawn in `/candidate/report.html` (those that refused
+/// most): the page stays a few hundred kilobytes whatever the rule count.
+const REPORT_RULES: usize = 50;
+/// How long a rendered report is served again (one bin).
+const REPORT_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Default)]
 struct RuleCounts {
@@ -31,13 +36,17 @@ struct RuleCounts {
     limit: String,
     requests: u64,
     refused: u64,
-    /// `(bin number, counts)`, oldest first.
-    bins: VecDeque<(u64, Bin)>,
+    /// `(bin number, counts, the highest share of the limit used)`, oldest
+    /// first.
+    bins: VecDeque<(u64, Bin, f64)>,
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     rules: BTreeMap<Arc<str>, RuleCounts>,
+    /// Requests (each once, whatever its rules) and those the candidate
+    /// rules refused, per bin, oldest first.
+    requests: VecDeque<(u64, Bin)>,
     /// Requests both rule sets answered alike, the candidate refused and the
     /// live rules admitted, and the other way round.
     same: u64,
@@ -50,14 +59,23 @@ struct Counts {
 pub struct Candidate {
     limiter: Arc<Limiter>,
     counts: Mutex<Counts>,
+    /// The last report rendered, and when: concurrent and repeated requests
+    /// within [`REPORT_FOR`] share it.
+    report: Mutex<Option<(std::time::Instant, Arc<str>)>>,
 }
 
 impl Candidate {
-    /// Candidate `rules`, on their own memory store with `clock`.
-    pub fn new(rules: RuleSet, clock: Arc<dyn Clock>, options: LimiterOptions) -> Self {
+    /// Candidate `rules`, on their own memory store (bounded as the live
+    /// one is: `store`) with `clock`.
+    pub fn new(
+        rules: RuleSet,
+        clock: Arc<dyn Clock>,
+        options: LimiterOptions,
+        store: MemoryStoreOptions,
+    ) -> Self {
         let limiter = Arc::new(Limiter::new(
             rules,
-            Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+            Store::Memory(MemoryStore::new(store)),
             clock,
             LimiterOptions {
                 response_headers: false,
@@ -68,6 +86,7 @@ impl Candidate {
         Self {
             limiter,
             counts: Mutex::new(Counts::default()),
+            report: Mutex::new(None),
         }
     }
 
@@ -95,8 +114,26 @@ impl Candidate {
             (false, true) => counts.looser += 1,
             _ => counts.same += 1,
         }
+        if counts.requests.back().is_none_or(|(b, _)| *b != bin) {
+            counts.requests.push_back((bin, Bin::default()));
+        }
+        while counts
+            .requests
+            .front()
+            .is_some_and(|(b, _)| *b + (BINS as u64) <= bin)
+        {
+            counts.requests.pop_front();
+        }
+        if let Some((_, b)) = counts.requests.back_mut() {
+            b.requests += 1;
+            b.refused += u64::from(decision.over_limit);
+        }
         for status in &decision.statuses {
-            for (applied, over, _, _) in status.limits() {
+            for (applied, over, remaining, _) in status.limits() {
+                // A client's own limit override is no candidate rule.
+                if applied.from_request {
+                    continue;
+                }
                 let full = counts.rules.len() >= MAX_RULES;
                 let rule = match counts.rules.get_mut(&applied.policy) {
                     Some(rule) => rule,
@@ -116,19 +153,24 @@ impl Candidate {
                 };
                 rule.requests += 1;
                 rule.refused += u64::from(over);
-                if rule.bins.back().is_none_or(|(b, _)| *b != bin) {
-                    rule.bins.push_back((bin, Bin::default()));
+                if rule.bins.back().is_none_or(|(b, _, _)| *b != bin) {
+                    rule.bins.push_back((bin, Bin::default(), 0.0));
                 }
                 while rule
                     .bins
                     .front()
-                    .is_some_and(|(b, _)| *b + (BINS as u64) <= bin)
+                    .is_some_and(|(b, _, _)| *b + (BINS as u64) <= bin)
                 {
                     rule.bins.pop_front();
                 }
-                if let Some((_, counts)) = rule.bins.back_mut() {
+                let used = match applied.requests_per_unit {
+                    0 => 1.0,
+                    limit => f64::from(limit.saturating_sub(remaining)) / f64::from(limit),
+                };
+                if let Some((_, counts, peak)) = rule.bins.back_mut() {
                     counts.requests += 1;
                     counts.refused += u64::from(over);
+                    *peak = peak.max(used);
                 }
             }
         }
@@ -175,30 +217,36 @@ impl Candidate {
         }
     }
 
-    /// The last hour as a simulation outcome (bins of 10 s ending now).
+    /// The last hour as a simulation outcome (bins of 10 s ending now):
+    /// every rule, or the `most` that refused most.
     pub fn outcome(&self) -> Outcome {
+        self.outcome_of(usize::MAX)
+    }
+
+    fn outcome_of(&self, most: usize) -> Outcome {
         let now_bin = self.limiter.clock().now() / BIN;
         let first = (now_bin + 1).saturating_sub(BINS as u64);
         let counts = self.counts.lock();
-        let mut requests = 0;
-        let rules = counts
+        let in_hour = |b: u64| {
+            b.checked_sub(first)
+                .map(|s| s as usize)
+                .filter(|s| *s < BINS)
+        };
+        let mut rules: Vec<RuleResult> = counts
             .rules
             .iter()
             .map(|(rule, c)| {
                 let mut series = vec![Bin::default(); BINS];
-                for (b, bin) in &c.bins {
-                    if let Some(slot) = b
-                        .checked_sub(first)
-                        .map(|s| s as usize)
-                        .filter(|s| *s < BINS)
-                    {
+                let mut peak: f64 = 0.0;
+                for (b, bin, used) in &c.bins {
+                    if let Some(slot) = in_hour(*b) {
                         series[slot] = *bin;
+                        peak = peak.max(*used);
                     }
                 }
                 let (r, f) = series
                     .iter()
                     .fold((0, 0), |(r, f), b| (r + b.requests, f + b.refused));
-                requests += r;
                 RuleResult {
                     rule: rule.to_string(),
                     name: None,
@@ -207,16 +255,26 @@ impl Candidate {
                     requests: r,
                     admitted: r - f,
                     refused: f,
-                    peak_usage: 0.0,
+                    peak_usage: peak,
                     top_refused: Vec::new(),
                     series,
                 }
             })
             .collect();
+        if rules.len() > most {
+            rules.sort_by(|a, b| b.refused.cmp(&a.refused).then(b.requests.cmp(&a.requests)));
+            rules.truncate(most);
+        }
+        // Requests, each once, whatever the number of its rules.
+        let (requests, refused) = counts
+            .requests
+            .iter()
+            .filter(|(b, _)| in_hour(*b).is_some())
+            .fold((0, 0), |(r, f), (_, b)| (r + b.requests, f + b.refused));
         Outcome {
             scenario: "candidate rules, last hour".into(),
             requests,
-            refused: 0,
+            refused,
             rules,
             bin_seconds: (BIN / NANOS_PER_SEC) as f64,
             start: (first * BIN / NANOS_PER_SEC) as f64,
@@ -251,8 +309,159 @@ impl Candidate {
         })
     }
 
-    /// `/candidate/report.html`: the last hour's plots.
-    pub fn report_html(&self) -> String {
-        crate::simulate::report::report_html(&[self.outcome()])
+    /// `/candidate/report.html`: the last hour's plots, of the
+    /// [`REPORT_RULES`] rules that refused most, rendered at most once per
+    /// [`REPORT_FOR`] (requests meanwhile get the same page).
+    pub fn report_html(&self) -> Arc<str> {
+        let mut cached = self.report.lock();
+        if let Some((at, page)) = cached.as_ref()
+            && at.elapsed() < REPORT_FOR
+        {
+            return page.clone();
+        }
+        let outcome = self.outcome_of(REPORT_RULES);
+        let tracked = self.counts.lock().rules.len();
+        let mut page = crate::simulate::report::report_html(&[outcome]);
+        if tracked > REPORT_RULES {
+            let note = format!(
+                "<p>The {REPORT_RULES} rules that refused most of {tracked} are shown; /candidate lists them all.</p>"
+            );
+            match page.find("<body>") {
+                Some(i) => page.insert_str(i + "<body>".len(), &note),
+                None => page.push_str(&note),
+            }
+        }
+        let page: Arc<str> = page.into();
+        *cached = Some((std::time::Instant::now(), page.clone()));
+        page
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use smallvec::smallvec;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Descriptor, LimitOverride};
+    use crate::rules::{LoadOptions, Unit, load_sources};
+
+    const START: Nanos = 1_700_000_000 * NANOS_PER_SEC;
+
+    fn candidate(yaml: &str, max_keys: usize) -> (Candidate, Arc<ManualClock>) {
+        let rules = load_sources(
+            &[(PathBuf::from("c.yaml"), yaml.to_owned())],
+            &LoadOptions::default(),
+        )
+        .expect("rules");
+        let clock = Arc::new(ManualClock::new(START));
+        let store = MemoryStoreOptions {
+            max_keys,
+            ..MemoryStoreOptions::default()
+        };
+        let c = Candidate::new(rules, clock.clone(), LimiterOptions::default(), store);
+        (c, clock)
+    }
+
+    fn request<'a>(user: &'a str, org: &'a str) -> Request<'a> {
+        Request {
+            domain: "d",
+            descriptors: smallvec![
+                Descriptor {
+                    entries: smallvec![("user", user)],
+                    ..Descriptor::default()
+                },
+                Descriptor {
+                    entries: smallvec![("org", org)],
+                    ..Descriptor::default()
+                },
+            ],
+            hits_addend: 0,
+        }
+    }
+
+    const TWO_RULES: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+    /// Issue 22: 19 requests of two rules each, 9 refused, were reported
+    /// as "22 requests, 0 refused" (hits per rule, refused never counted)
+    /// with a peak of 0 %.
+    #[test]
+    fn totals_count_requests_once_and_their_refusals() {
+        let (c, _) = candidate(TWO_RULES, 1_000);
+        for _ in 0..19 {
+            c.observe(&request("ann", "acme"), false);
+        }
+        let outcome = c.outcome();
+        assert_eq!(outcome.requests, 19);
+        assert_eq!(outcome.refused, 9);
+        let user = outcome
+            .rules
+            .iter()
+            .find(|r| r.rule == "d.user")
+            .expect("rule");
+        assert_eq!((user.requests, user.refused), (19, 9));
+        assert!((user.peak_usage - 1.0).abs() < 1e-9, "{}", user.peak_usage);
+        let org = outcome
+            .rules
+            .iter()
+            .find(|r| r.rule == "d.org")
+            .expect("rule");
+        assert!((org.peak_usage - 0.01).abs() < 1e-9, "{}", org.peak_usage);
+    }
+
+    #[test]
+    fn a_clients_limit_override_is_no_candidate_rule() {
+        let (c, _) = candidate(TWO_RULES, 1_000);
+        let mut r = request("ann", "acme");
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 5,
+            unit: Unit::Minute,
+        });
+        c.observe(&r, false);
+        let rules: Vec<String> = c.outcome().rules.into_iter().map(|r| r.rule).collect();
+        assert_eq!(rules, ["d.org"], "no 'override' row");
+    }
+
+    #[test]
+    fn the_candidate_store_keeps_the_live_stores_key_bound() {
+        let (c, _) = candidate(TWO_RULES, 1_000);
+        let users: Vec<String> = (0..5_000).map(|i| format!("u{i}")).collect();
+        for user in &users {
+            c.observe(&request(user, "acme"), false);
+        }
+        let Store::Memory(store) = c.limiter().store() else {
+            panic!("a memory store");
+        };
+        // The bound is per shard (max_keys / 256 shards, rounded up).
+        assert!(store.len() <= 1_024, "{} keys of 5,001", store.len());
+    }
+
+    #[test]
+    fn the_report_is_bounded_and_rendered_once_per_bin() {
+        let mut yaml = String::from("domain: d\ndescriptors:\n");
+        for i in 0..5_000 {
+            yaml.push_str(&format!(
+                "  - key: user\n    value: u{i}\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n"
+            ));
+        }
+        let (c, _) = candidate(&yaml, 1_000_000);
+        let users: Vec<String> = (0..5_000).map(|i| format!("u{i}")).collect();
+        for user in &users {
+            c.observe(&request(user, "x"), false);
+            c.observe(&request(user, "x"), false);
+        }
+        let started = std::time::Instant::now();
+        let page = c.report_html();
+        assert!(page.len() < 2_000_000, "{} bytes", page.len());
+        assert_eq!(page.matches("<svg").count(), REPORT_RULES);
+        assert!(page.contains("of 5000 are shown"), "the note");
+        let again = c.report_html();
+        assert!(
+            Arc::ptr_eq(&page, &again),
+            "served again, not rendered again"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 }

@@ -212,7 +212,7 @@ async fn candidate_report(State(s): State<AdminState>) -> Response {
     match &s.candidate {
         Some(c) => (
             [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            c.report_html(),
+            c.report_html().to_string(),
         )
             .into_response(),
         None => no_candidate(),

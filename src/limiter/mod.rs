@@ -117,6 +117,8 @@ pub struct AppliedLimit {
     pub window_seconds: u64,
     /// Shadow mode: reported, never enforced.
     pub shadow: bool,
+    /// The request's own limit override, which no rule wrote.
+    pub from_request: bool,
 }
 
 /// The answer to a request.
@@ -646,6 +648,7 @@ fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
         policy,
         requests_per_unit: plan.limit.requests_per_unit,
         unit: plan.limit.unit,
+        from_request: plan.rule.is_none(),
         window_seconds: match plan.limit.calendar {
             None => plan.limit.period_seconds(),
             Some(_) => {

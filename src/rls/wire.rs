@@ -203,6 +203,7 @@ mod tests {
                 unit,
                 window_seconds: 60,
                 shadow,
+                from_request: false,
             })
     }
 

@@ -163,7 +163,12 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             )
         })?;
         tracing::info!(rules = rules.rules().len(), paths = ?args.candidate_rules, "candidate rules loaded");
-        let candidate = Arc::new(Candidate::new(rules, Arc::new(SystemClock), options));
+        // Bounded as the live memory store is (its own keys count apart).
+        let store = MemoryStoreOptions {
+            max_keys: args.max_keys,
+            ..MemoryStoreOptions::default()
+        };
+        let candidate = Arc::new(Candidate::new(rules, Arc::new(SystemClock), options, store));
         let reloader = Arc::new(Reloader::new(
             args.candidate_rules.clone(),
             args.load_options(),
