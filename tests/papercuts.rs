@@ -144,3 +144,51 @@ fn check_warns_that_envoy_cannot_show_a_window_of_several_units() {
         "{stderr}"
     );
 }
+
+#[test]
+fn simulate_takes_the_rule_files_spelling_of_algorithms() {
+    let out = Command::new(BIN)
+        .args([
+            "simulate",
+            "--rules",
+            RULES,
+            "--generate",
+            "rate=10,seconds=5",
+            "--algorithm",
+            "fixed_window",
+        ])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("fixed"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn simulate_refuses_a_generator_spec_past_its_bounds_before_running() {
+    for spec in ["rate=1e308,seconds=1e-307", "clients=0", "start=1e11"] {
+        let out = Command::new(BIN)
+            .args(["simulate", "--rules", RULES, "--generate", spec])
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{spec}");
+    }
+    let out = Command::new(BIN)
+        .args([
+            "simulate",
+            "--rules",
+            RULES,
+            "--generate",
+            "rate=1000,seconds=100",
+            "--max-events",
+            "5000",
+        ])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--max-events"), "{stderr}");
+}

@@ -95,6 +95,10 @@ pub struct SimulateArgs {
     /// Merge files that declare the same domain.
     #[arg(long)]
     pub merge_domains: bool,
+    /// The most requests read and generated together (each costs about 130
+    /// bytes for the run).
+    #[arg(long, default_value_t = 20_000_000, value_parser = at_least_one)]
+    pub max_events: usize,
 }
 
 impl SimulateArgs {
@@ -113,6 +117,7 @@ impl SimulateArgs {
                 algorithm_override: None,
             },
             bin: self.bin.map(|b| b.as_nanos() as u64),
+            max_events: self.max_events,
         }
     }
 }

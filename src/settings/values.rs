@@ -66,10 +66,13 @@ pub enum OnOff {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AlgorithmArg {
     /// Fixed window.
+    #[value(alias = "fixed_window")]
     FixedWindow,
     /// Sliding window counter.
+    #[value(alias = "sliding_window")]
     SlidingWindow,
     /// Token bucket (GCRA).
+    #[value(alias = "token_bucket")]
     TokenBucket,
 }
 

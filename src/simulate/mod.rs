@@ -44,6 +44,9 @@ pub struct Simulation {
     pub load: LoadOptions,
     /// The series' bin width (`None`: chosen for about 300 points).
     pub bin: Option<Nanos>,
+    /// The most requests loaded and generated together (`--max-events`):
+    /// each costs about 130 bytes while the run lasts.
+    pub max_events: usize,
 }
 
 /// Loads the traffic, sorted by time; the importer's notes (what the log
@@ -64,9 +67,24 @@ pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), Strin
             }
             None => events.extend(traffic::read_jsonl(path)?),
         }
+        if events.len() > sim.max_events {
+            return Err(format!(
+                "more than {} requests in the traffic (at {}): raise --max-events, or give less traffic",
+                sim.max_events,
+                path.display()
+            ));
+        }
     }
     if let Some(g) = &sim.generate {
-        events.extend(traffic::generate(g));
+        let room = sim.max_events - events.len();
+        if g.expected() > room as f64 {
+            return Err(format!(
+                "--generate asks for about {:.0} requests, more than the {room} left of --max-events {}",
+                g.expected(),
+                sim.max_events
+            ));
+        }
+        events.extend(traffic::generate(g, room));
     }
     if events.is_empty() {
         return Err("no traffic: give --traffic FILE or --generate SPEC".into());
@@ -99,11 +117,8 @@ pub fn run(
     // Every rule set is loaded before anything is replayed: a bad file
     // stops the run at once, not after the scenarios before it.
     let mut scenarios = Vec::new();
-    for path in &sim.rules {
-        let file = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |f| f.to_string_lossy().into_owned(),
-        );
+    let labels = labels(&sim.rules);
+    for (path, file) in sim.rules.iter().zip(labels) {
         for algorithm in &algorithms {
             let options = LoadOptions {
                 algorithm_override: *algorithm,
@@ -118,6 +133,17 @@ pub fn run(
             scenarios.push((scenario, rules));
         }
     }
+    // The bound is on every series together: each rule of each scenario
+    // has one series of `bins` bins.
+    let series: u64 = scenarios
+        .iter()
+        .map(|(_, r)| r.rules().len().max(1) as u64)
+        .sum();
+    if bins.saturating_mul(series) > MAX_BINS {
+        return Err(format!(
+            "{bins} bins for each of {series} rule series is more than {MAX_BINS} bins in all: give a wider --bin"
+        ));
+    }
     let mut outcomes = Vec::new();
     for (i, (scenario, rules)) in scenarios.into_iter().enumerate() {
         let base = i as u64 * events.len() as u64;
@@ -126,6 +152,46 @@ pub fn run(
         }));
     }
     Ok(outcomes)
+}
+
+/// A label per rule path: its file name, with as many parent directories as
+/// it takes to tell paths with the same name apart (`a/rules.yaml`,
+/// `b/rules.yaml`), and a number when even the whole paths agree.
+fn labels(paths: &[std::path::PathBuf]) -> Vec<String> {
+    let label = |path: &std::path::Path, depth: usize| {
+        let parts: Vec<String> = path
+            .components()
+            .rev()
+            .take(depth)
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let text: Vec<&str> = parts.iter().rev().map(String::as_str).collect();
+        text.join("/")
+    };
+    let deepest = paths
+        .iter()
+        .map(|p| p.components().count())
+        .max()
+        .unwrap_or(1);
+    let mut labels: Vec<String> = paths.iter().map(|p| label(p, 1)).collect();
+    for depth in 2..=deepest {
+        let clash = |l: &Vec<String>| (0..l.len()).any(|i| l[..i].contains(&l[i]));
+        if !clash(&labels) {
+            break;
+        }
+        labels = paths.iter().map(|p| label(p, depth)).collect();
+    }
+    let mut seen: Vec<String> = Vec::new();
+    for label in &mut labels {
+        let mut n = 1;
+        let base = label.clone();
+        while seen.contains(label) {
+            n += 1;
+            *label = format!("{base} ({n})");
+        }
+        seen.push(label.clone());
+    }
+    labels
 }
 
 /// `tollgate simulate`, from the command line: prints the summary, writes
@@ -183,4 +249,29 @@ pub fn main(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::labels;
+    use std::path::PathBuf;
+
+    #[test]
+    fn rule_sets_with_one_file_name_get_labels_of_their_own() {
+        let paths: Vec<PathBuf> = ["a/rules.yaml", "b/rules.yaml", "c/x.yaml", "a/rules.yaml"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(
+            labels(&paths),
+            [
+                "a/rules.yaml",
+                "b/rules.yaml",
+                "c/x.yaml",
+                "a/rules.yaml (2)"
+            ]
+        );
+        let plain: Vec<PathBuf> = ["x.yaml", "y.yaml"].iter().map(PathBuf::from).collect();
+        assert_eq!(labels(&plain), ["x.yaml", "y.yaml"]);
+    }
 }

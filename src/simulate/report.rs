@@ -23,7 +23,7 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
         let _ = writeln!(
             out,
             "== {}: {} requests, {} refused ({:.1} %)",
-            o.scenario,
+            printable(&o.scenario),
             o.requests,
             o.refused,
             share(o.refused, o.requests)
@@ -32,7 +32,7 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
             let _ = writeln!(
                 out,
                 "  {}  {}: {} requests, {} admitted, {} refused ({:.1} %), peak {:.0} % of the limit",
-                r.label(),
+                printable(&r.label()),
                 r.limit,
                 r.requests,
                 r.admitted,
@@ -45,7 +45,7 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
                     .top_refused
                     .iter()
                     .take(5)
-                    .map(|(client, n)| format!("{client} ({n})"))
+                    .map(|(client, n)| format!("{} ({n})", printable(client)))
                     .collect();
                 let _ = writeln!(out, "    refused most: {}", top.join(", "));
             }
@@ -82,11 +82,36 @@ pub fn series_csv(outcomes: &[Outcome]) -> String {
     out
 }
 
+/// Text from traffic, for a terminal: control characters (an escape
+/// sequence that would repaint the screen, a bare CR) shown escaped.
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A CSV cell (RFC 4180): quoted when it holds a separator, a quote or a
+/// line break (CR alone too); a cell a spreadsheet would take for a formula
+/// (`=`, `+`, `-`, `@`, tab) gets a leading `'`.
 fn csv(text: &str) -> String {
-    if text.contains([',', '"', '\n']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
+    let text = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{text}")
     } else {
         text.to_owned()
+    };
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
     }
 }
 
@@ -286,10 +311,7 @@ fn html_with(outcomes: &[Outcome], plots: &[Vec<String>]) -> String {
 /// Writes every output file into `dir`.
 pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
-    };
+    let write = |name: &str, text: String| write_file(&dir.join(name), text.as_bytes());
     write(
         "summary.json",
         serde_json::to_string_pretty(&summary_json(outcomes)).unwrap_or_default(),
@@ -301,14 +323,32 @@ pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
     let svgs = plots(outcomes);
     write("report.html", html_with(outcomes, &svgs))?;
     let dir = dir.join("plots");
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(format!(
+            "{}: is a symbolic link; not writing through it",
+            dir.display()
+        ));
+    }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for (o, svgs) in outcomes.iter().zip(svgs) {
         for (r, svg) in o.rules.iter().zip(svgs) {
             let path = dir.join(format!("{}--{}.svg", slug(&o.scenario), slug(&r.rule)));
-            std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+            write_file(&path, svg.as_bytes())?;
         }
     }
     Ok(())
+}
+
+/// Writes `path`, never through a symbolic link a previous run (or anyone
+/// else) left there: the link is refused by name.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(format!(
+            "{}: is a symbolic link; not writing through it (remove it, or choose another --out)",
+            path.display()
+        ));
+    }
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// A file name part: letters, digits, `-` and `_`; anything else `_`.
@@ -322,4 +362,34 @@ pub fn slug(text: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_traffic_is_printable_and_csv_safe() {
+        assert_eq!(printable("ann"), "ann");
+        assert_eq!(printable("ann\u{1b}[2J\r"), "ann\\u{1b}[2J\\r");
+        assert_eq!(csv("=HYPERLINK(1)"), "'=HYPERLINK(1)");
+        assert_eq!(csv("@SUM"), "'@SUM");
+        assert_eq!(csv("-1+2"), "'-1+2");
+        assert_eq!(csv("a\rb"), "\"a\rb\"");
+        assert_eq!(csv("a,b\"c"), "\"a,b\"\"c\"");
+        assert_eq!(csv("api.user"), "api.user");
+    }
+
+    #[test]
+    fn outputs_are_never_written_through_a_symbolic_link() {
+        let dir = tempfile::tempdir().expect("dir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").expect("write");
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).expect("dir");
+        std::os::unix::fs::symlink(&victim, out.join("series.csv")).expect("link");
+        let e = write_all(&out, &[]).expect_err("refused");
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
+    }
 }

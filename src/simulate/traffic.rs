@@ -215,11 +215,27 @@ impl std::str::FromStr for Generate {
             match name {
                 "rate" => g.rate = number()?,
                 "seconds" => g.seconds = number()?,
-                "clients" => g.clients = number()?.clamp(1.0, 10_000_000.0) as u32,
+                "clients" => {
+                    let n = number()?;
+                    if !(1.0..=10_000_000.0).contains(&n) || n.fract() != 0.0 {
+                        return Err(format!(
+                            "clients: '{value}' must be a whole number from 1 to 10,000,000"
+                        ));
+                    }
+                    g.clients = n as u32;
+                }
                 "zipf" => g.zipf = number()?,
                 "burstiness" => g.burstiness = number()?,
                 "seed" => g.seed = number()? as u64,
-                "start" => g.start = number()? as u64,
+                "start" => {
+                    let n = number()?;
+                    if n >= MAX_UNIX_SECONDS {
+                        return Err(format!(
+                            "start: '{value}' is not a Unix time in seconds (below {MAX_UNIX_SECONDS})"
+                        ));
+                    }
+                    g.start = n as u64;
+                }
                 "domain" => g.domain = value.into(),
                 "key" => g.key = value.into(),
                 other => {
@@ -229,16 +245,40 @@ impl std::str::FromStr for Generate {
                 }
             }
         }
-        if g.rate <= 0.0 || g.seconds <= 0.0 {
-            return Err("rate and seconds must be above 0".into());
-        }
-        if g.rate * g.seconds > 200_000_000.0 {
+        // Timestamps are nanoseconds: a rate above a billion a second, or a
+        // duration below a nanosecond, cannot be told apart.
+        if !(g.rate > 0.0 && g.rate <= MAX_RATE) {
             return Err(format!(
-                "{} requests is more than the generator makes (200,000,000)",
-                g.rate * g.seconds
+                "rate: '{}' must be above 0 and at most {MAX_RATE} requests a second",
+                g.rate
+            ));
+        }
+        if !(MIN_SECONDS..=MAX_UNIX_SECONDS).contains(&g.seconds) {
+            return Err(format!(
+                "seconds: '{}' must be from {MIN_SECONDS} to {MAX_UNIX_SECONDS}",
+                g.seconds
+            ));
+        }
+        if g.start as f64 + g.seconds >= MAX_UNIX_SECONDS {
+            return Err(format!(
+                "start + seconds ends after {MAX_UNIX_SECONDS} (Unix seconds)"
             ));
         }
         Ok(g)
+    }
+}
+
+/// The latest time traffic may have (Unix seconds, as [`parse_time`] takes).
+const MAX_UNIX_SECONDS: f64 = 4e9;
+/// The highest generated rate (one request a nanosecond).
+const MAX_RATE: f64 = 1e9;
+/// The shortest generated traffic (a nanosecond).
+const MIN_SECONDS: f64 = 1e-9;
+
+impl Generate {
+    /// How many requests it makes, about.
+    pub fn expected(&self) -> f64 {
+        self.rate * self.seconds
     }
 }
 
@@ -263,7 +303,11 @@ impl Random {
 
 /// Traffic as `g` describes it: arrivals of a Poisson process (modulated
 /// on/off when bursty), each from a client drawn with Zipf weights.
-pub fn generate(g: &Generate) -> Vec<Event> {
+///
+/// At most `max_events` are made (the caller refuses a spec that asks for
+/// more, see `--max-events`); memory is taken as events come, not reserved
+/// for the whole run up front.
+pub fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
     let mut random = Random(g.seed);
     // Cumulative Zipf weights of the clients.
     let mut cumulative = Vec::with_capacity(g.clients as usize);
@@ -274,7 +318,7 @@ pub fn generate(g: &Generate) -> Vec<Event> {
     }
     let names: Vec<Arc<str>> = (0..g.clients).map(|i| format!("c{i}").into()).collect();
     let (domain, key): (Arc<str>, Arc<str>) = (g.domain.as_str().into(), g.key.as_str().into());
-    let mut events = Vec::with_capacity((g.rate * g.seconds * 1.05) as usize);
+    let mut events = Vec::with_capacity((g.expected() as usize).min(max_events).min(1 << 20));
     let mut t = 0.0;
     // On/off periods of 1 to 10 s: on at (1 + b) x rate, off long enough
     // that the mean stays `rate`.
@@ -305,7 +349,7 @@ pub fn generate(g: &Generate) -> Vec<Event> {
             t = period_end;
             continue;
         }
-        if t >= g.seconds {
+        if t >= g.seconds || events.len() >= max_events {
             break;
         }
         let pick = random.unit() * total;
@@ -378,7 +422,7 @@ mod tests {
         let g: Generate = "rate=200,seconds=100,clients=50,zipf=1.2,seed=3"
             .parse()
             .expect("spec");
-        let events = generate(&g);
+        let events = generate(&g, usize::MAX);
         let n = events.len() as f64;
         assert!(
             (n - 20_000.0).abs() < 600.0,
@@ -398,8 +442,11 @@ mod tests {
             .count() as f64;
         // Zipf 1.2: client 1 sends 10^1.2 = 15.8 times as often as client 10.
         assert!((first / tenth - 15.8).abs() < 4.0, "{first} / {tenth}");
-        assert_eq!(generate(&g), events, "same seed, same traffic");
-        let bursty = generate(&"rate=200,seconds=100,burstiness=3".parse().expect("spec"));
+        assert_eq!(generate(&g, usize::MAX), events, "same seed, same traffic");
+        let bursty = generate(
+            &"rate=200,seconds=100,burstiness=3".parse().expect("spec"),
+            usize::MAX,
+        );
         let per_second = |s: u64| {
             bursty
                 .iter()
@@ -413,6 +460,20 @@ mod tests {
             "bursts of ~800/s and idle seconds: {busiest}, {idle}"
         );
         assert!("rate=0".parse::<Generate>().is_err());
+        // Hostile specs are refused with the reason, before anything runs.
+        for bad in [
+            "rate=1e308,seconds=1e-307",
+            "clients=0",
+            "clients=1.5",
+            "start=1e11",
+            "start=3999999999,seconds=10",
+            "seconds=1e-12",
+        ] {
+            assert!(bad.parse::<Generate>().is_err(), "{bad}");
+        }
+        // At most the cap, whatever the spec says.
+        let capped: Generate = "rate=1000,seconds=100".parse().expect("spec");
+        assert_eq!(generate(&capped, 500).len(), 500);
         assert!("colour=red".parse::<Generate>().is_err());
         let mut text = Vec::new();
         to_jsonl(&events[..3], &mut text).expect("writes");
