@@ -14,7 +14,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::rules::{LoadOptions, load_paths};
 
-pub mod envoy_log;
+pub mod envoy;
 pub mod replay;
 pub mod report;
 pub mod traffic;
@@ -55,13 +55,13 @@ pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), Strin
     let mut events = Vec::new();
     let mut notes = Vec::new();
     let config = match &sim.envoy_config {
-        Some(path) => Some(envoy_log::EnvoyConfig::load(path)?),
+        Some(path) => Some(envoy::EnvoyConfig::load(path)?),
         None => None,
     };
     for path in &sim.traffic {
         match &config {
             Some(config) => {
-                let (more, mut said) = envoy_log::import(config, path)?;
+                let (more, mut said) = envoy::import(config, path)?;
                 events.extend(more);
                 notes.append(&mut said);
             }
