@@ -278,6 +278,8 @@ impl Candidate {
             rules,
             bin_seconds: (BIN / NANOS_PER_SEC) as f64,
             start: (first * BIN / NANOS_PER_SEC) as f64,
+            not_replayed: 0,
+            not_replayed_why: None,
         }
     }
 

@@ -192,3 +192,84 @@ fn simulate_refuses_a_generator_spec_past_its_bounds_before_running() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--max-events"), "{stderr}");
 }
+
+const ENVOY: &str = r#"
+static_resources:
+  listeners:
+    - filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                access_log:
+                  - name: envoy.access_loggers.file
+                    typed_config:
+                      log_format:
+                        text_format_source:
+                          inline_string: "%START_TIME% %REQ(:PATH)% %REQ(X-API-KEY)%\n"
+                route_config:
+                  virtual_hosts:
+                    - name: api
+                      domains: ["*"]
+                      routes:
+                        - match: { prefix: / }
+                          route:
+                            cluster: api
+                            rate_limits:
+                              - actions:
+                                  - request_headers: { header_name: x-api-key, descriptor_key: api_key }
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: api
+"#;
+
+#[test]
+fn when_no_line_imports_the_error_says_why() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (config, log) = (dir.path().join("envoy.yaml"), dir.path().join("access.log"));
+    std::fs::write(&config, ENVOY).expect("write");
+    std::fs::write(&log, "this is not an access log line\nnor this\n").expect("write");
+    let out = Command::new(BIN)
+        .args(["simulate", "--rules", RULES])
+        .arg("--traffic")
+        .arg(&log)
+        .arg("--envoy-config")
+        .arg(&config)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("2 lines do not follow the access log format"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn requests_the_server_would_refuse_are_counted_not_dropped_silently() {
+    let dir = tempfile::tempdir().expect("dir");
+    let traffic = dir.path().join("t.jsonl");
+    let many: Vec<String> = (0..200)
+        .map(|i| format!(r#"{{"entries":[{{"key":"user","value":"u{i}"}}]}}"#))
+        .collect();
+    let lines = format!(
+        "{{\"timestamp\":1767225600,\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"ann\"}}]}}]}}\n{{\"timestamp\":1767225601,\"domain\":\"api\",\"descriptors\":[{}]}}\n",
+        many.join(",")
+    );
+    std::fs::write(&traffic, lines).expect("write");
+    let out = Command::new(BIN)
+        .args(["simulate", "--rules", RULES])
+        .arg("--traffic")
+        .arg(&traffic)
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 requests not replayed"), "{stdout}");
+    assert!(stdout.contains("--max-descriptors"), "{stdout}");
+}

@@ -87,7 +87,16 @@ pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), Strin
         events.extend(traffic::generate(g, room));
     }
     if events.is_empty() {
-        return Err("no traffic: give --traffic FILE or --generate SPEC".into());
+        // What the importer could not read says why nothing was imported.
+        let why: String = notes.iter().map(|n| format!("\n  {n}")).collect();
+        return Err(format!(
+            "no traffic: give --traffic FILE or --generate SPEC{}{why}",
+            if why.is_empty() {
+                ""
+            } else {
+                "; the traffic given had none:"
+            }
+        ));
     }
     events.sort_by_key(|e| e.at);
     Ok((events, notes))

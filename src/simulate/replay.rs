@@ -77,6 +77,11 @@ pub struct Outcome {
     pub bin_seconds: f64,
     /// The first event's time (Unix seconds).
     pub start: f64,
+    /// Requests not replayed because the server would refuse them as
+    /// malformed (INVALID_ARGUMENT: past a request bound, say).
+    pub not_replayed: u64,
+    /// The first reason given for one.
+    pub not_replayed_why: Option<String>,
 }
 
 struct Tracking {
@@ -141,6 +146,7 @@ pub fn replay(
         },
     );
     let (mut requests, mut refused) = (0u64, 0u64);
+    let (mut not_replayed, mut not_replayed_why) = (0u64, None::<String>);
     for (n, event) in events.iter().enumerate() {
         if n % 65_536 == 0 {
             progress(n as u64);
@@ -160,8 +166,14 @@ pub fn replay(
             hits_addend: event.hits,
         };
         // The memory store always answers at once.
-        let Some(Ok(decision)) = limiter.decide_now(&request) else {
-            continue;
+        let decision = match limiter.decide_now(&request) {
+            Some(Ok(decision)) => decision,
+            Some(Err(e)) => {
+                not_replayed += 1;
+                not_replayed_why.get_or_insert_with(|| e.to_string());
+                continue;
+            }
+            None => continue,
         };
         requests += 1;
         refused += u64::from(decision.over_limit);
@@ -221,6 +233,8 @@ pub fn replay(
         rules,
         bin_seconds: bin as f64 / NANOS_PER_SEC as f64,
         start: start as f64 / NANOS_PER_SEC as f64,
+        not_replayed,
+        not_replayed_why,
     }
 }
 

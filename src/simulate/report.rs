@@ -28,6 +28,14 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
             o.refused,
             share(o.refused, o.requests)
         );
+        if o.not_replayed > 0 {
+            let _ = writeln!(
+                out,
+                "   {} requests not replayed: the server would refuse them ({})",
+                o.not_replayed,
+                printable(o.not_replayed_why.as_deref().unwrap_or("invalid"))
+            );
+        }
         for r in &o.rules {
             let _ = writeln!(
                 out,

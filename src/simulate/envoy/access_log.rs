@@ -59,7 +59,16 @@ pub(super) fn template(format: &str) -> Vec<(String, Field)> {
     let mut rest = format;
     let mut literal = String::new();
     while let Some(start) = rest.find('%') {
-        let Some(len) = rest[start + 1..].find('%') else {
+        // An operator's argument may hold `%` itself:
+        // `%START_TIME(%s.%3f)%` ends at the `%` after its `)`.
+        let after = &rest[start + 1..];
+        let name_end = after.find(['%', '(']).unwrap_or(after.len());
+        let close = if after[name_end..].starts_with('(') {
+            after[name_end..].find(")%").map(|i| name_end + i + 1)
+        } else {
+            after.find('%')
+        };
+        let Some(len) = close else {
             break;
         };
         literal.push_str(&rest[..start]);

@@ -20,7 +20,7 @@ mod config;
 mod routing;
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
+use std::io::BufRead as _;
 use std::path::Path;
 
 use serde_json::Value;
@@ -45,13 +45,31 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
     let mut strings = Strings::default();
     let domain = strings.get(&config.domain);
     let mut problems: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut unreadable, mut no_call) = (0u64, 0u64);
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+    let (mut unreadable, mut no_call, mut not_utf8) = (0u64, 0u64, 0u64);
+    let mut reader = std::io::BufReader::new(file);
+    let mut bytes = Vec::new();
+    for i in 1.. {
+        bytes.clear();
+        let read = reader
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| format!("{}:{i}: {e}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        // A byte that is not UTF-8 costs its line nothing but that byte
+        // (read as U+FFFD), never the import.
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => {
+                not_utf8 += 1;
+                String::from_utf8_lossy(&bytes)
+            }
+        };
+        let line = line.trim_end_matches(['\n', '\r']);
         if line.trim().is_empty() {
             continue;
         }
-        let Some(logged) = config.logged(&line, &template) else {
+        let Some(logged) = config.logged(line, &template) else {
             unreadable += 1;
             continue;
         };
@@ -124,6 +142,12 @@ pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<Stri
             "{}: {unreadable} lines do not follow the access log format of {}",
             path.display(),
             config.path.display()
+        ));
+    }
+    if not_utf8 > 0 {
+        notes.push(format!(
+            "{}: {not_utf8} lines held bytes that are not UTF-8 (read with U+FFFD in their place)",
+            path.display()
         ));
     }
     if no_call > 0 {
@@ -230,6 +254,72 @@ static_resources:
                                   - query_parameter_value_match: { descriptor_value: q, query_parameters: [] }
                               - stage: 1
                                 actions: [{ generic_key: { descriptor_value: later } }]
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: api
+"#;
+
+    #[test]
+    fn a_byte_that_is_not_utf8_costs_its_line_nothing_but_that_byte() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (c, l) = (dir.path().join("envoy.yaml"), dir.path().join("access.log"));
+        std::fs::write(&c, JSON_CONFIG).expect("write");
+        let mut log =
+            br#"{"time":"2026-01-01T00:00:01Z","client":"10.0.0.1:5","path":"/v1/x","key":"k"}"#
+                .to_vec();
+        log.extend_from_slice(b"\n");
+        log.extend_from_slice(
+            br#"{"time":"2026-01-01T00:00:02Z","client":"10.0.0.1:5","path":"/v1/x","key":"k"#,
+        );
+        log.push(0xff);
+        log.extend_from_slice(br#""}"#);
+        log.extend_from_slice(b"\n");
+        std::fs::write(&l, log).expect("write");
+        let config = EnvoyConfig::load(&c).expect("loads");
+        let (events, notes) = import(&config, &l).expect("imports, whatever the bytes");
+        assert_eq!(events.len(), 2, "{notes:?}");
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("1 lines held bytes that are not UTF-8")),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn a_start_time_with_its_own_format_is_read() {
+        let config = TEXT_CONFIG_WITH_TIME_FORMAT;
+        let (events, notes) = import_text(config, "1767225601.250 /v1/x k\n");
+        assert_eq!(events.len(), 1, "{notes:?}");
+        assert_eq!(events[0].at, 1_767_225_601_250_000_000);
+    }
+
+    const TEXT_CONFIG_WITH_TIME_FORMAT: &str = r#"
+static_resources:
+  listeners:
+    - filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                access_log:
+                  - name: envoy.access_loggers.file
+                    typed_config:
+                      log_format:
+                        text_format_source:
+                          inline_string: "%START_TIME(%s.%3f)% %REQ(:PATH)% %REQ(X-API-KEY)%\n"
+                route_config:
+                  virtual_hosts:
+                    - name: api
+                      domains: ["*"]
+                      routes:
+                        - match: { prefix: / }
+                          route:
+                            cluster: api
+                            rate_limits:
+                              - actions:
+                                  - request_headers: { header_name: x-api-key, descriptor_key: api_key }
                 http_filters:
                   - name: envoy.filters.http.ratelimit
                     typed_config:
