@@ -68,12 +68,14 @@ impl Compiler {
     pub(super) fn add_file(&mut self, file: &Path, text: &str) {
         let raw: RawFile = match parse(text) {
             Ok(raw) => raw,
-            Err((pos, message)) => {
-                self.errors.push(RuleError::new(
-                    file,
-                    pos,
-                    format!("invalid rule file: {message}"),
-                ));
+            Err(errors) => {
+                for (pos, message) in errors {
+                    self.errors.push(RuleError::new(
+                        file,
+                        pos,
+                        format!("invalid rule file: {message}"),
+                    ));
+                }
                 return;
             }
         };

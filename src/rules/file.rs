@@ -133,9 +133,79 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
-/// Parses one file's text. The error carries the parser's line and column
-/// when it knows them.
-pub(crate) fn parse(text: &str) -> Result<RawFile, (Option<(u32, u32)>, String)> {
+/// Parses one file's text. The errors carry the parser's line and column
+/// when it knows them: one per top-level descriptor that has one (see
+/// [`each_descriptors_error`]), so one schema error does not hide the rest.
+pub(crate) fn parse(text: &str) -> Result<RawFile, Vec<ParseError>> {
+    parse_once(text).map_err(|first| {
+        let mut errors = each_descriptors_error(text);
+        if !errors.contains(&first) {
+            errors.insert(0, first);
+        }
+        errors.sort_by_key(|(at, _)| *at);
+        errors
+    })
+}
+
+/// A parse error: where (line, column) when known, and what.
+pub(crate) type ParseError = (Option<(u32, u32)>, String);
+
+/// The file's top-level descriptors as far as a loose parse finds them.
+#[derive(Deserialize)]
+struct Outline {
+    #[allow(dead_code)]
+    domain: Option<IgnoredAny>,
+    descriptors: Option<Vec<Spanned<IgnoredAny>>>,
+}
+
+/// Each top-level descriptor parsed alone, in a copy of the file whose other
+/// descriptors' lines are blank (so line numbers hold): its first error, if
+/// any. Empty when the descriptors cannot be told apart by line (a flow list
+/// on one line, or a file that does not parse even loosely).
+fn each_descriptors_error(text: &str) -> Vec<ParseError> {
+    let Ok(Some(outline)) = serde_saphyr::from_str::<Option<Outline>>(text) else {
+        return Vec::new();
+    };
+    let starts: Vec<usize> = outline
+        .descriptors
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.referenced.line() as usize)
+        .collect();
+    if starts.len() < 2 || starts.windows(2).any(|w| w[0] >= w[1]) || starts[0] == 0 {
+        return Vec::new();
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let mut errors = Vec::new();
+    for (i, &start) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).copied().unwrap_or(lines.len() + 1);
+        let other = |n: usize| {
+            starts.iter().enumerate().any(|(j, &s)| {
+                let e = starts.get(j + 1).copied().unwrap_or(lines.len() + 1);
+                j != i && n >= s && n < e
+            })
+        };
+        let alone: String = lines
+            .iter()
+            .enumerate()
+            .map(|(k, line)| {
+                let n = k + 1;
+                if other(n) && !(n >= start && n < end) {
+                    ""
+                } else {
+                    line
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        if let Err(error) = parse_once(&alone) {
+            errors.push(error);
+        }
+    }
+    errors
+}
+
+fn parse_once(text: &str) -> Result<RawFile, ParseError> {
     let mut options = serde_saphyr::Options::default();
     // Our own message names the file, line and column; the parser's snippet
     // would repeat them across several lines.

@@ -445,3 +445,27 @@ fn a_changed_algorithm_period_or_zone_is_reported_as_restarting_counters() {
         "{changes:?}"
     );
 }
+
+/// Issue 22: one schema error (an unknown key, a wrong type) hid every other
+/// error in its file.
+#[test]
+fn schema_errors_in_several_descriptors_are_all_reported() {
+    let err = load(
+        "domain: d
+descriptors:
+  - key: a
+    colour: red
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: c
+    rate_limit: {unit: minute, requests_per_unit: lots}
+  - key: e
+    shadow_mode: maybe
+",
+    )
+    .expect_err("three problems");
+    let lines: Vec<u32> = err.0.iter().filter_map(|e| e.at.map(|a| a.0)).collect();
+    assert_eq!(err.0.len(), 3, "{err}");
+    assert_eq!(lines, [4, 9, 11], "{err}");
+}
