@@ -120,6 +120,20 @@ fn check(args: CheckArgs) -> ExitCode {
                     );
                 }
             }
+            if !args.against.is_empty() {
+                match load_paths(&args.against, &args.load_options()) {
+                    Ok(old) => {
+                        for change in tollgate::rules::restarted_counters(&old, &rules) {
+                            eprintln!("warning: {change}");
+                        }
+                    }
+                    Err(errors) => {
+                        eprintln!("{errors}");
+                        eprintln!("the rules given with --against do not load");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             let mut out = std::io::stdout().lock();
             let written = write!(out, "{rules}")
                 .and_then(|()| {

@@ -274,3 +274,34 @@ fn requests_the_server_would_refuse_are_counted_not_dropped_silently() {
     assert!(stdout.contains("1 requests not replayed"), "{stdout}");
     assert!(stdout.contains("--max-descriptors"), "{stdout}");
 }
+
+#[test]
+fn check_against_the_rules_in_force_warns_about_counters_that_restart() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    std::fs::create_dir_all(&old).expect("dir");
+    std::fs::create_dir_all(&new).expect("dir");
+    std::fs::write(
+        old.join("r.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5, calendar: true, time_zone: Europe/Berlin}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        new.join("r.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5, calendar: true, time_zone: Asia/Tokyo}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(&new)
+        .arg("--against")
+        .arg(&old)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("d.k") && stderr.contains("start from zero"),
+        "{stderr}"
+    );
+}

@@ -464,6 +464,11 @@ pub struct CheckArgs {
     /// Time zone of calendar limits that do not set `time_zone`.
     #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
     pub time_zone: &'static Zone,
+    /// The rules in force (files or directories): warn about every rule
+    /// whose counters the new rules would restart (a new algorithm, period
+    /// or zone).
+    #[arg(long)]
+    pub against: Vec<PathBuf>,
 }
 
 /// The reference's switch for domain merging.
