@@ -65,14 +65,15 @@ where
     }
 }
 
-/// A response body that holds its call's [`CallGuard`]: a stream is a call
-/// in flight (its connection is not idle) until its body ends.
-struct Guarded {
+/// A response body that holds something until hyper has sent it and
+/// dropped the body: a streaming call's [`CallGuard`] (a stream is a call in
+/// flight until its body ends), a unary answer's [`Unsent`].
+struct Holding<G> {
     body: tonic::body::Body,
-    _guard: CallGuard,
+    _held: G,
 }
 
-impl http_body::Body for Guarded {
+impl<G: Send + Unpin + 'static> http_body::Body for Holding<G> {
     type Data = bytes::Bytes;
     type Error = tonic::Status;
 
@@ -151,32 +152,6 @@ impl Drop for Unsent {
     }
 }
 
-/// A unary answer's body, holding its [`Unsent`] until hyper has sent it.
-struct Sending {
-    body: tonic::body::Body,
-    _unsent: Unsent,
-}
-
-impl http_body::Body for Sending {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 impl Drop for CallGuard {
     fn drop(&mut self) {
         self.0.finished.fetch_add(1, Ordering::Relaxed);
@@ -240,17 +215,17 @@ where
                 // the stream forever (see `drive`).
                 let Ok(reply) = reply;
                 return Ok(reply.map(|body| {
-                    tonic::body::Body::new(Sending {
+                    tonic::body::Body::new(Holding {
                         body,
-                        _unsent: Unsent::new(activity),
+                        _held: Unsent::new(activity),
                     })
                 }));
             }
             let Ok(reply) = reply;
             Ok(reply.map(|body| {
-                tonic::body::Body::new(Guarded {
+                tonic::body::Body::new(Holding {
                     body,
-                    _guard: guard,
+                    _held: guard,
                 })
             }))
         })
