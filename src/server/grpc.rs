@@ -222,12 +222,7 @@ where
                 }));
             }
             let Ok(reply) = reply;
-            Ok(reply.map(|body| {
-                tonic::body::Body::new(Holding {
-                    body,
-                    _held: guard,
-                })
-            }))
+            Ok(reply.map(|body| tonic::body::Body::new(Holding { body, _held: guard })))
         })
     }
 }
