@@ -23,6 +23,18 @@
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
 //! - [`settings`] and [`server`]: the command line and the process around it.
 
+/// The version, as Cargo.toml says it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit the binary was built from (`unknown` without git).
+pub const COMMIT: &str = env!("BUILD_COMMIT");
+/// `--version`'s text: the version and the commit.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("BUILD_COMMIT"),
+    ")"
+);
+
 pub mod admin;
 pub mod algorithm;
 pub mod calendar;

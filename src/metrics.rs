@@ -385,6 +385,14 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP tollgate_build_info The running build: its version and git commit.\n\
+             # TYPE tollgate_build_info gauge\n\
+             tollgate_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+            crate::VERSION,
+            crate::COMMIT
+        );
+        let _ = writeln!(
+            out,
             "# HELP tollgate_grpc_protocol_errors_total gRPC streams and connections refused at the HTTP/2 protocol level (Envoy applies its failure_mode_deny to them).\n\
              # TYPE tollgate_grpc_protocol_errors_total counter\n\
              tollgate_grpc_protocol_errors_total {}",

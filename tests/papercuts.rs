@@ -305,3 +305,24 @@ fn check_against_the_rules_in_force_warns_about_counters_that_restart() {
         "{stderr}"
     );
 }
+
+#[test]
+fn version_names_the_commit_and_metrics_the_build() {
+    let out = Command::new(BIN).arg("--version").output().expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    assert!(
+        text.starts_with(&format!("tollgate {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    if let Some(commit) = commit {
+        assert!(text.contains(&commit), "{text} names {commit}");
+    }
+}

@@ -36,7 +36,7 @@ use crate::rules::LoadOptions;
 
 /// Tollgate: a rate limit service for Envoy.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about)]
+#[command(name = "tollgate", version = crate::LONG_VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
