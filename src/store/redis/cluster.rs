@@ -446,11 +446,7 @@ impl RedisStore {
         }
         let mut seen = std::collections::HashSet::new();
         urls.retain(|(addr, _)| seen.insert(addr.clone()));
-        let within = self
-            .inner
-            .options
-            .probe_timeout
-            .max(self.inner.options.timeout);
+        let within = self.probe_within();
         let asks = urls.iter().map(|(addr, url)| {
             Box::pin(async move {
                 let reply = tokio::time::timeout(within, self.cluster_slots(url, within))
@@ -479,13 +475,7 @@ impl RedisStore {
 
     /// `CLUSTER SLOTS` from the node at `url`, on a connection of its own.
     async fn cluster_slots(&self, url: &str, within: Duration) -> Result<Value, RedisError> {
-        let client = self.client(url)?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(within))
-            .set_response_timeout(Some(within));
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let mut conn = self.fresh_connection(url, within).await?;
         redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut conn)
@@ -494,19 +484,9 @@ impl RedisStore {
 
     /// PING to one node on a connection of its own, within the probe timeout.
     async fn probe_node(&self, node: &Node) -> Result<(), StoreError> {
-        let within = self
-            .inner
-            .options
-            .probe_timeout
-            .max(self.inner.options.timeout);
+        let within = self.probe_within();
         let ping = async {
-            let client = self.client(&node.url)?;
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(within))
-                .set_response_timeout(Some(within));
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut conn = self.fresh_connection(&node.url, within).await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await
         };
         match tokio::time::timeout(within, ping).await {

@@ -128,6 +128,31 @@ impl RedisStore {
         ConnectionManager::new_with_config(client, config).await
     }
 
+    /// How long a probe (a fresh connection and a PING, or a read of the
+    /// Cluster's slot map) may take: `--redis-probe-timeout`, at least the
+    /// request timeout.
+    pub(super) fn probe_within(&self) -> std::time::Duration {
+        self.inner
+            .options
+            .probe_timeout
+            .max(self.inner.options.timeout)
+    }
+
+    /// A connection of its own to `url` (not this thread's shared one),
+    /// connecting and answering within `within`: for probes.
+    pub(super) async fn fresh_connection(
+        &self,
+        url: &str,
+        within: std::time::Duration,
+    ) -> Result<redis::aio::MultiplexedConnection, RedisError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(within))
+            .set_response_timeout(Some(within));
+        self.client(url)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+
     /// A client for `url`, with the CA and client certificate given.
     pub(super) fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
         match self.tls_certificates() {
@@ -231,11 +256,7 @@ impl RedisStore {
         if self.inner.cluster.is_some() {
             return Box::pin(self.ping_cluster()).await;
         }
-        let within = self
-            .inner
-            .options
-            .probe_timeout
-            .max(self.inner.options.timeout);
+        let within = self.probe_within();
         let probe = async {
             let mut conn = self.connect_within(within).await?;
             ping(&mut conn).await

@@ -113,12 +113,16 @@ pub(super) type Slot = u16;
 /// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text
 /// between the first `{` and the next `}`, when not empty) or of all of it.
 pub(super) fn slot_of(key: &[u8]) -> Slot {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16_384
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key).unwrap_or(key)) % 16_384
+}
+
+/// The hash tag of `key`, as Redis Cluster reads it: the text between the
+/// first `{` and the next `}`, when not empty.
+pub(super) fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
 }
 
 #[cfg(test)]

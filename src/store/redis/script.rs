@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::keys::{Slot, slot_of};
+use super::keys::{Slot, hash_tag, slot_of};
 use redis::Value;
 use smallvec::SmallVec;
 
@@ -226,12 +226,9 @@ impl RedisStore {
             .iter()
             .find_map(|p| p.keys.first())
             .map_or("", String::as_str);
-        let tag = first
-            .find('{')
-            .and_then(|open| {
-                let rest = &first[open + 1..];
-                rest.find('}').map(|close| &rest[..close])
-            })
+        // The tag as Redis reads it (keys.rs), so the slots agree.
+        let tag = hash_tag(first.as_bytes())
+            .and_then(|t| std::str::from_utf8(t).ok())
             .unwrap_or("");
         let n = RECEIPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut key = String::with_capacity(self.inner.options.prefix.len() + tag.len() + 32);
@@ -270,7 +267,7 @@ impl RedisStore {
             }
             cancel.arg(ttl.as_millis() as u64);
             let options = &store.inner.options;
-            let within = options.probe_timeout.max(options.timeout);
+            let within = store.probe_within();
             let until = tokio::time::Instant::now() + CANCEL_FOR;
             loop {
                 if !store.slot_open(slot) {
