@@ -13,6 +13,17 @@ fi
 source scripts/deps.sh
 ensure_test_deps
 
+# Disk: a fresh run writes its build under target/. Incremental caches are of
+# no use to a one-off run and are a fifth of that, so they are off unless the
+# caller asks for them (CARGO_INCREMENTAL=1 for repeated local runs).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+need_gb=6
+free_gb=$(df -Pk . | awk 'NR==2 { printf "%d", $4 / 1048576 }')
+if [ "${free_gb:-0}" -lt "$need_gb" ]; then
+    echo "test.sh: warning: ${free_gb} GB free here; a fresh build of the tests" \
+        "needs about ${need_gb} GB under target/ (free space, or run 'cargo clean')" >&2
+fi
+
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --no-fail-fast
