@@ -22,13 +22,20 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
+mod bucket;
+mod options;
 mod quotas;
 pub mod share;
+mod sync;
+mod view;
+mod wire;
 
-pub use quotas::{
-    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_CLIENTS_PER_BUCKET, Outgoing,
-    QuotaMetrics, QuotaOptions, Quotas, Unmatched,
+pub use options::{
+    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_CLIENTS_PER_BUCKET, QuotaOptions,
+    Unmatched,
 };
+pub use quotas::{QuotaMetrics, Quotas};
+pub use wire::Outgoing;
 
 /// The start of every gRPC path of the quota service (the server dispatches
 /// on it, and holds its streams' connections busy while they last).

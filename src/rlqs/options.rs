@@ -1,0 +1,74 @@
+//! Settings and bounds of the quota service.
+
+use std::time::Duration;
+
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+/// How long a client's demand counts after its last report: three of
+/// Envoy's report intervals (5 s in Envoy 1.40), so one lost report does
+/// not change the shares.
+pub const DEMAND_STALE: Nanos = 15 * NANOS_PER_SEC;
+
+/// Periods at least this long are also counted: once a window's admitted
+/// requests (as reported, from every instance) reach the limit, the bucket
+/// is denied until the window ends. Shorter periods are enforced by the
+/// token buckets' rate alone: reports arrive every 5 seconds, too coarse to
+/// count a one-second window.
+pub const COUNTED_PERIOD_SECONDS: u64 = 60;
+
+/// The most clients whose demand one bucket tracks (live streams, and named
+/// clients for 15 s after their stream ended).
+pub const MAX_CLIENTS_PER_BUCKET: usize = 4096;
+
+/// The longest client name kept (characters); longer names are cut.
+pub const MAX_CLIENT_NAME: usize = 256;
+
+/// Pushes waiting for a slow stream; past it, pushes are skipped (the next
+/// report's answer carries the latest assignments anyway).
+pub(super) const PUSH_QUEUE: usize = 16;
+
+/// Settings of the quota service.
+#[derive(Debug, Clone)]
+pub struct QuotaOptions {
+    /// How long Envoy keeps an assignment without hearing from Tollgate
+    /// (whole seconds, as Envoy counts them).
+    pub assignment_ttl: Duration,
+    /// The least weight of a client, as a share of the bucket's rate.
+    pub min_share: f64,
+    /// What buckets that match no limit get.
+    pub unmatched: Unmatched,
+    /// The most buckets tracked at once; reports for more are not answered.
+    pub max_buckets: usize,
+    /// The most streams open at once (all connections); more are refused.
+    pub max_streams: usize,
+    /// Entries per bucket id, and bytes per key or value.
+    pub max_entries: usize,
+    /// Bytes of one bucket key or value, and of the domain.
+    pub max_value_bytes: usize,
+    /// This instance's name in the shared store.
+    pub instance: String,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        Self {
+            assignment_ttl: Duration::from_secs(15),
+            min_share: 0.05,
+            unmatched: Unmatched::Allow,
+            max_buckets: 100_000,
+            max_streams: 10_000,
+            max_entries: 32,
+            max_value_bytes: 65_536,
+            instance: "tollgate".into(),
+        }
+    }
+}
+
+/// The answer for buckets that match no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmatched {
+    /// Allow all their requests.
+    Allow,
+    /// Deny all their requests.
+    Deny,
+}
