@@ -140,14 +140,14 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
     let quotas = Arc::new(Quotas::new(
         limiter.clone(),
         QuotaOptions {
-            assignment_ttl: args.rlqs_assignment_ttl,
-            min_share: args.rlqs_min_share,
-            unmatched: match args.rlqs_unmatched {
+            assignment_ttl: args.rlqs.assignment_ttl,
+            min_share: args.rlqs.min_share,
+            unmatched: match args.rlqs.unmatched {
                 UnmatchedArg::AllowAll => Unmatched::Allow,
                 UnmatchedArg::DenyAll => Unmatched::Deny,
             },
-            max_buckets: args.rlqs_max_buckets,
-            max_streams: args.rlqs_max_streams,
+            max_buckets: args.rlqs.max_buckets,
+            max_streams: args.rlqs.max_streams,
             max_entries: args.max_entries,
             max_value_bytes: args.max_value_bytes,
             instance: instance_name(),

@@ -13,6 +13,7 @@ mod reference;
 mod reference_stats;
 mod reference_vars;
 mod reference_xds;
+mod rlqs;
 mod stats;
 mod unknown;
 mod values;
@@ -22,13 +23,14 @@ pub use otel::{OtelArgs, TracingProtocol};
 pub use redis_url::RedisUrl;
 pub use reference::REFERENCE_PROGRAM;
 pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
+pub use rlqs::RlqsArgs;
 pub use stats::{StatsArgs, StatsdProtocol};
 pub use unknown::unknown_env;
 pub use values::{
     AlgorithmArg, FailureModeArg, Keepalive, LogFormat, OnOff, OnStoreError, StoreKind,
     UnmatchedArg, parse_duration,
 };
-use values::{at_least_one, parse_fraction, parse_keepalive, parse_share, parse_ttl, parse_zone};
+use values::{at_least_one, parse_fraction, parse_keepalive, parse_zone};
 pub use xds::XdsArgs;
 
 use crate::calendar::Zone;
@@ -406,30 +408,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub otel: OtelArgs,
 
-    /// Quota service (RLQS): how long Envoy keeps an assignment without
-    /// hearing from Tollgate before its `expired_assignment_behavior`
-    /// applies; whole seconds, longer than Envoy's report interval (5 s).
-    #[arg(long, env = "TOLLGATE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_ttl)]
-    pub rlqs_assignment_ttl: Duration,
-
-    /// Quota service: the least share of a bucket's rate an Envoy that
-    /// reports it is weighed with, so an idle Envoy can start again at once.
-    #[arg(long, env = "TOLLGATE_RLQS_MIN_SHARE", default_value_t = 0.05, value_parser = parse_share)]
-    pub rlqs_min_share: f64,
-
-    /// Quota service: what buckets that match no limit are told.
-    #[arg(long, env = "TOLLGATE_RLQS_UNMATCHED", value_enum, default_value_t = UnmatchedArg::AllowAll)]
-    pub rlqs_unmatched: UnmatchedArg,
-
-    /// Quota service: the most buckets tracked at once; usage for more is
-    /// not answered (Envoy keeps its no-assignment behaviour for them).
-    #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKETS", default_value_t = 100_000, value_parser = at_least_one)]
-    pub rlqs_max_buckets: usize,
-
-    /// Quota service: the most streams open at once (one per Envoy and
-    /// domain); more are refused with RESOURCE_EXHAUSTED.
-    #[arg(long, env = "TOLLGATE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = at_least_one)]
-    pub rlqs_max_streams: usize,
+    /// Quota service (RLQS).
+    #[command(flatten)]
+    pub rlqs: RlqsArgs,
 
     /// Admitted hits above this share of a limit count as near the limit.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]

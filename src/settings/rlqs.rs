@@ -1,0 +1,37 @@
+//! The quota service's (RLQS) flags.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::values::{UnmatchedArg, at_least_one, parse_share, parse_ttl};
+
+/// Settings of the quota service (RLQS). Each keeps its `--rlqs-` flag
+/// name (and id) from when the fields were `ServeArgs`' own.
+#[derive(Debug, Clone, Args)]
+pub struct RlqsArgs {
+    /// Quota service (RLQS): how long Envoy keeps an assignment without
+    /// hearing from Tollgate before its `expired_assignment_behavior`
+    /// applies; whole seconds, longer than Envoy's report interval (5 s).
+    #[arg(id = "rlqs_assignment_ttl", value_name = "RLQS_ASSIGNMENT_TTL", long = "rlqs-assignment-ttl", env = "TOLLGATE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_ttl)]
+    pub assignment_ttl: Duration,
+
+    /// Quota service: the least share of a bucket's rate an Envoy that
+    /// reports it is weighed with, so an idle Envoy can start again at once.
+    #[arg(id = "rlqs_min_share", value_name = "RLQS_MIN_SHARE", long = "rlqs-min-share", env = "TOLLGATE_RLQS_MIN_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    pub min_share: f64,
+
+    /// Quota service: what buckets that match no limit are told.
+    #[arg(id = "rlqs_unmatched", value_name = "RLQS_UNMATCHED", long = "rlqs-unmatched", env = "TOLLGATE_RLQS_UNMATCHED", value_enum, default_value_t = UnmatchedArg::AllowAll)]
+    pub unmatched: UnmatchedArg,
+
+    /// Quota service: the most buckets tracked at once; usage for more is
+    /// not answered (Envoy keeps its no-assignment behaviour for them).
+    #[arg(id = "rlqs_max_buckets", value_name = "RLQS_MAX_BUCKETS", long = "rlqs-max-buckets", env = "TOLLGATE_RLQS_MAX_BUCKETS", default_value_t = 100_000, value_parser = at_least_one)]
+    pub max_buckets: usize,
+
+    /// Quota service: the most streams open at once (one per Envoy and
+    /// domain); more are refused with RESOURCE_EXHAUSTED.
+    #[arg(id = "rlqs_max_streams", value_name = "RLQS_MAX_STREAMS", long = "rlqs-max-streams", env = "TOLLGATE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = at_least_one)]
+    pub max_streams: usize,
+}
