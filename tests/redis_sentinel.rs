@@ -115,8 +115,22 @@ async fn decisions_follow_a_sentinel_failover_to_the_new_master() {
         !master.cli(&["--scan"]).trim().is_empty(),
         "counters on the master"
     );
-    // The replica has every write before the failover.
-    assert_eq!(master.cli(&["WAIT", "1", "2000"]).trim(), "1");
+    // The replica has every write before the failover. (WAIT from another
+    // connection would not do: it waits for that connection's writes only,
+    // none, and answered at once while the replica was still at offset 0.)
+    let written = master.cli(&["--scan"]);
+    wait_until(
+        "the replica to have every write",
+        Duration::from_secs(10),
+        || {
+            let copied = cli(replica_port, &["--scan"]);
+            // Counters; call receipts live a second and may be gone already.
+            written
+                .lines()
+                .filter(|key| !key.contains(":call:"))
+                .all(|key| copied.lines().any(|k| k == key))
+        },
+    );
 
     // The sentinel answers NOGOODSLAVE until it has seen the replica
     // healthy for a while: ask until it accepts.
