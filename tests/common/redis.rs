@@ -37,16 +37,48 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// On a free port; another one when a parallel test took it between
+    /// `free_port` and the server's bind (redis-server then exits).
     pub fn start() -> Self {
-        Self::spawn(
-            free_port(),
-            false,
-            &[],
-            tempfile::tempdir().expect("tempdir"),
-        )
+        for _ in 0..4 {
+            let mut server = Self::launch(
+                free_port(),
+                false,
+                &[],
+                tempfile::tempdir().expect("tempdir"),
+            );
+            if server.up() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of four free ports");
     }
 
     fn spawn(port: u16, cluster: bool, extra: &[&str], dir: tempfile::TempDir) -> Self {
+        let server = Self::launch(port, cluster, extra, dir);
+        server.wait_until_up();
+        server
+    }
+
+    /// Whether the server answers within 10 s (false at once when it
+    /// exited, as it does when its port is taken).
+    fn up(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().ok().flatten().is_some()
+            {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    fn launch(port: u16, cluster: bool, extra: &[&str], dir: tempfile::TempDir) -> Self {
         require("redis-server");
         let mut cmd = Command::new("redis-server");
         cmd.args([
@@ -77,15 +109,13 @@ impl RedisServer {
         }
         cmd.args(extra);
         let child = cmd.spawn().expect("start redis-server");
-        let server = RedisServer {
+        RedisServer {
             child: Some(child),
             port,
             cluster,
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             dir,
-        };
-        server.wait_until_up();
-        server
+        }
     }
 
     fn wait_until_up(&self) {
