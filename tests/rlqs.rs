@@ -129,18 +129,18 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     one.report(a, &report(&key, 1, 0, 0)).expect("present");
     two.report(b, &report(&key, 1, 0, 0)).expect("present");
     clock.advance(Duration::from_secs(5));
-    // gateway-a (on instance one) offers 30/s, gateway-b (on two) 10/s.
-    one.report(a, &report(&key, 100, 50, 5)).expect("present");
-    two.report(b, &report(&key, 50, 0, 5)).expect("present");
+    // gateway-a (on instance one) offers 15/s, gateway-b (on two) 5/s.
+    one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    two.report(b, &report(&key, 25, 0, 5)).expect("present");
     // Each instance tells the store its clients' weight and learns the others'.
     one.tick().await;
     two.tick().await;
     one.tick().await;
     clock.advance(Duration::from_secs(5));
-    let r = one.report(a, &report(&key, 100, 50, 5)).expect("present");
-    assert_eq!(assignment(&r), "15/1s", "30 of 40 across both instances");
-    let r = two.report(b, &report(&key, 50, 0, 5)).expect("present");
-    assert_eq!(assignment(&r), "5/1s", "10 of 40 across both instances");
+    let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    assert_eq!(assignment(&r), "15/1s", "15 of 20 across both instances");
+    let r = two.report(b, &report(&key, 25, 0, 5)).expect("present");
+    assert_eq!(assignment(&r), "5/1s", "5 of 20 across both instances");
     // A per-minute limit: what both instances admitted counts against it.
     let plan = [("plan", "gold")];
     let (a2, _rx) = one.open(Some("gateway-a")).expect("opens");
@@ -186,6 +186,111 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     for (key, ttl) in written {
         assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
     }
+}
+
+/// Script calls Redis has run, from `INFO commandstats`.
+fn script_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
+    let redis = RedisServer::start();
+    let start = (SystemClock.now() / 60_000_000_000 + 1) * 60_000_000_000;
+    let clock = ManualClock::new(start);
+    let target = RedisTarget::Standalone(redis.url());
+    let one = instance(target.clone(), &clock, "one");
+    let two = instance(target, &clock, "two");
+    let key = [("api_key", "k1")];
+    let (a, _rx_a) = one.open(None).expect("opens");
+    let (b, _rx_b) = two.open(None).expect("opens");
+    // 3,000 junk buckets on instance one, beside the real shared one.
+    let junk: Vec<BucketQuotaUsage> = (0..3_000)
+        .map(|i| BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("api_key".to_string(), format!("junk{i}"))].into(),
+            }),
+            time_elapsed: Some(PbDuration {
+                seconds: 5,
+                nanos: 0,
+            }),
+            num_requests_allowed: 50,
+            num_requests_denied: 0,
+        })
+        .collect();
+    let (j, _rx_j) = one.open(None).expect("opens");
+    one.report(
+        j,
+        &RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: junk,
+        },
+    )
+    .expect("present");
+    one.report(a, &report(&key, 1, 0, 0)).expect("present");
+    two.report(b, &report(&key, 1, 0, 0)).expect("present");
+    clock.advance(Duration::from_secs(5));
+    one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    two.report(b, &report(&key, 25, 0, 5)).expect("present");
+    // A poisoned count on a per-minute bucket.
+    let plan = [("plan", "gold")];
+    let (p, _rx_p) = two.open(None).expect("opens");
+    two.report(p, &report(&plan, u64::MAX, u64::MAX, 5))
+        .expect("present");
+    one.tick().await;
+    two.tick().await;
+    // (The first tick loaded the script.)
+    let before = script_calls(&redis);
+    one.tick().await;
+    let calls = script_calls(&redis) - before;
+    // 3,001 limited buckets: one call per 256.
+    assert!(
+        calls <= 12,
+        "{calls} script calls for one tick of 3,001 buckets"
+    );
+    for q in [&one, &two] {
+        assert_eq!(
+            q.metrics
+                .store_errors
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "every exchange answered"
+        );
+    }
+    clock.advance(Duration::from_millis(10));
+    let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    assert_eq!(assignment(&r), "15/1s", "15 of 20 across both instances");
+    // The poisoned count is clamped to the limit before Redis: the window is
+    // spent, the next one is not, and the counter never overflows.
+    let used: Vec<String> = redis
+        .cli(&["--scan", "--pattern", "*plan=gold}:used:*"])
+        .lines()
+        .map(|k| redis.cli(&["GET", k]).trim().to_owned())
+        .collect();
+    assert_eq!(used, ["100"], "the window's count");
+    clock.advance(Duration::from_secs(60));
+    two.tick().await;
+    let r = two.report(p, &report(&plan, 1, 0, 5)).expect("present");
+    assert_ne!(assignment(&r), "deny", "the next window starts afresh");
+    two.tick().await;
+    assert_eq!(
+        two.metrics
+            .store_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 #[tokio::test]
@@ -307,7 +412,12 @@ fn gateway(tollgate: SocketAddr, name: &str) -> Gateway {
             (8081, tollgate.port()),
             (9905, admin),
         ],
-        &[("value: gateway-a", &format!("value: {name}"))],
+        &[(
+            "envoy_grpc: { cluster_name: tollgate }",
+            &format!(
+                "envoy_grpc: {{ cluster_name: tollgate }}\n                        initial_metadata: [{{ key: x-tollgate-client, value: {name} }}]"
+            ),
+        )],
         admin,
     );
     Gateway {
@@ -316,18 +426,23 @@ fn gateway(tollgate: SocketAddr, name: &str) -> Gateway {
     }
 }
 
-/// Two gateways offering 30/s and 10/s on one API key limited to 20/s
+/// Two gateways offering 18/s and 6/s on one API key limited to 20/s
 /// across all of them, each gateway on its own quota server (or both on
 /// one): over the steady part of the run the two together admit the limit,
 /// split 3:1.
 /// Returns the gateways, still running.
-fn two_gateways_split_by_demand(tollgate_a: SocketAddr, tollgate_b: SocketAddr) -> [Gateway; 2] {
-    let a = gateway(tollgate_a, "gateway-a");
-    let b = gateway(tollgate_b, "gateway-b");
+fn two_gateways_split_by_demand(
+    tollgate_a: SocketAddr,
+    tollgate_b: SocketAddr,
+    names: [&str; 2],
+) -> [Gateway; 2] {
+    let a = gateway(tollgate_a, names[0]);
+    let b = gateway(tollgate_b, names[1]);
     let start = Instant::now();
     let until = start + Duration::from_secs(32);
-    let drive_a = drive(a.listener, "k1", 30, start, until);
-    let drive_b = drive(b.listener, "k1", 10, start, until);
+    // Both below the bucket's rate (20/s), so neither demand is capped.
+    let drive_a = drive(a.listener, "k1", 18, start, until);
+    let drive_b = drive(b.listener, "k1", 6, start, until);
     let (ra, rb) = (
         drive_a.join().expect("present"),
         drive_b.join().expect("present"),
@@ -360,8 +475,9 @@ fn two_gateways_split_by_demand(tollgate_a: SocketAddr, tollgate_b: SocketAddr) 
         (2.2..=4.0).contains(&ratio),
         "split {ok_a}:{ok_b} ({ratio:.2}) for a 3:1 demand"
     );
+    // Offered 480 in 20 s for a limit of 400.
     assert!(
-        limited > 300,
+        limited > 40,
         "the bucket over its limit is refused with 429 ({limited})"
     );
     [a, b]
@@ -370,7 +486,9 @@ fn two_gateways_split_by_demand(tollgate_a: SocketAddr, tollgate_b: SocketAddr) 
 #[test]
 fn two_envoys_share_one_quota_by_demand() {
     let tollgate = Tollgate::start(RULES, &[]);
-    let _gateways = two_gateways_split_by_demand(tollgate.addr, tollgate.addr);
+    // Both gateways deployed with one name (as a shared config would have
+    // them): each stream is a client of its own all the same.
+    let _gateways = two_gateways_split_by_demand(tollgate.addr, tollgate.addr, ["gateway"; 2]);
     // What the admin port shows: one bucket, both clients, their assignments.
     let json: serde_json::Value = serde_json::from_str(
         &http(tollgate.admin, "GET", "/rlqs", &[])
@@ -434,7 +552,7 @@ fn envoys_on_two_tollgates_over_one_redis_share_one_quota_by_demand() {
     ];
     let one = Tollgate::start(RULES, &args);
     let two = Tollgate::start(RULES, &args);
-    two_gateways_split_by_demand(one.addr, two.addr);
+    two_gateways_split_by_demand(one.addr, two.addr, ["gateway-a", "gateway-b"]);
     for (key, ttl) in redis.keys_with_ttl() {
         assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
     }

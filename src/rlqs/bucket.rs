@@ -5,9 +5,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::options::{COUNTED_PERIOD_SECONDS, DEMAND_STALE, QuotaOptions, Unmatched};
-use super::share::{self, Assignment};
-use crate::clock::Nanos;
+use super::options::{COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_DEPARTED, QuotaOptions, Unmatched};
+use super::share::{self, Assignment, Claim, Split};
+use crate::algorithm::NANOS_PER_TICK;
+use crate::clock::{NANOS_PER_SEC, Nanos};
+
+/// How old a bucket's split may be when a report reads it: reports a few
+/// milliseconds apart see each other's demand, and a bucket is divided at
+/// most 100 times a second however many streams report it, or how fast.
+const SPLIT_REFRESH: Nanos = NANOS_PER_SEC / 100;
+
+/// Seconds per tick of the windows' clock.
+const TICK_SECONDS: f64 = NANOS_PER_TICK as f64 / NANOS_PER_SEC as f64;
 use crate::rules::{Rule, RuleSet};
 
 /// What a bucket's rules say.
@@ -84,10 +93,24 @@ pub(super) fn resolve(rules: &RuleSet, domain: &str, entries: &[(String, String)
 /// One client's demand for one bucket.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Demand {
-    /// Requests per second (allowed and denied), once a report covered time.
+    /// Requests per second (allowed and denied) as reported, once a report
+    /// covered time (the split counts it up to the bucket's rate).
     pub(super) rate: Option<f64>,
     /// When it last reported.
     pub(super) at: Nanos,
+}
+
+impl Demand {
+    fn fresh(&self, now: Nanos) -> bool {
+        now.saturating_sub(self.at) <= DEMAND_STALE
+    }
+}
+
+/// One stream's part in a bucket: its demand and what it was last sent.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Member {
+    pub(super) demand: Demand,
+    pub(super) sent: Option<Assignment>,
 }
 
 /// What the other instances (through the store) said about a bucket.
@@ -100,7 +123,7 @@ pub(super) struct OtherInstances {
     /// Admitted in `window` by every instance, as of the last exchange
     /// (this instance's own reports included as they arrive).
     pub(super) used: u64,
-    /// Admitted here and not yet sent to the store.
+    /// Admitted here in `window` and not yet sent to the store.
     pub(super) pending: u64,
     /// When the store last answered.
     pub(super) synced: Option<Nanos>,
@@ -113,13 +136,38 @@ pub(super) struct Bucket {
     /// Sorted by key.
     pub(super) entries: Vec<(String, String)>,
     pub(super) resolved: Resolved,
-    pub(super) clients: HashMap<Arc<str>, Demand>,
-    /// The last assignment sent to each stream that reported the bucket.
-    pub(super) sent: HashMap<u64, Assignment>,
+    /// The streams that report the bucket, by stream id.
+    pub(super) members: HashMap<u64, Member>,
+    /// The demand of named clients whose stream ended, kept until it is
+    /// stale (at most [`MAX_DEPARTED`]): reconnected, a client takes its
+    /// demand back. Pooled meanwhile (see [`Split`]).
+    pub(super) departed: HashMap<Arc<str>, Demand>,
     pub(super) global: OtherInstances,
+    /// The division of the rate, made at the last tick (or when the bucket
+    /// appeared); a report moves its own client's share at once, everyone
+    /// else's at the next tick.
+    pub(super) split: Split,
+    /// When `split` was made.
+    pub(super) split_at: Nanos,
 }
 
 impl Bucket {
+    /// A bucket that `resolved` says something about.
+    pub(super) fn new(domain: &str, entries: Vec<(String, String)>, resolved: Resolved) -> Self {
+        let mut bucket = Bucket {
+            domain: domain.to_owned(),
+            entries,
+            resolved,
+            members: HashMap::new(),
+            departed: HashMap::new(),
+            global: OtherInstances::default(),
+            split: Split::new(0.0, &[], 0.0, 0.0),
+            split_at: 0,
+        };
+        bucket.resplit(0, 0.0);
+        bucket
+    }
+
     /// The bucket's requests per second, when it has a limit.
     pub(super) fn rate(&self) -> Option<f64> {
         match &self.resolved {
@@ -132,40 +180,62 @@ impl Bucket {
         }
     }
 
-    /// Each fresh client's weight (see [`share::weight`]).
-    pub(super) fn weights(&self, now: Nanos, min_share: f64) -> Vec<(Arc<str>, f64)> {
+    /// Divides the rate again among the fresh clients (see [`Split`]).
+    pub(super) fn resplit(&mut self, now: Nanos, min_share: f64) {
         let Some(rate) = self.rate() else {
-            return Vec::new();
+            return;
         };
-        let fresh = || {
-            self.clients
-                .iter()
-                .filter(move |(_, d)| now.saturating_sub(d.at) <= DEMAND_STALE)
-        };
-        let known: Vec<f64> = fresh().filter_map(|(_, d)| d.rate).collect();
-        let unknown = if known.is_empty() {
-            rate
-        } else {
-            known.iter().sum::<f64>() / known.len() as f64
-        };
-        let floor = min_share * rate;
-        fresh()
-            .map(|(c, d)| (c.clone(), share::weight(d.rate, floor, unknown)))
-            .collect()
+        let live = self
+            .members
+            .values()
+            .filter(|m| m.demand.fresh(now))
+            .map(|m| Claim {
+                demand: m.demand.rate,
+                live: true,
+            });
+        let departed = self
+            .departed
+            .values()
+            .filter(|d| d.fresh(now))
+            .map(|d| Claim {
+                demand: d.rate,
+                live: false,
+            });
+        let claims: Vec<Claim> = live.chain(departed).collect();
+        self.split = Split::new(rate, &claims, self.global.others, min_share);
+        self.split_at = now;
     }
 
-    /// The assignment for `client` now.
+    /// Divides the rate again when the split is older than
+    /// [`SPLIT_REFRESH`].
+    pub(super) fn refresh(&mut self, now: Nanos, min_share: f64) {
+        if now.saturating_sub(self.split_at) >= SPLIT_REFRESH {
+            self.resplit(now, min_share);
+        }
+    }
+
+    /// Forgets departed clients whose demand went stale.
+    pub(super) fn forget_departed(&mut self, now: Nanos) {
+        self.departed.retain(|_, d| d.fresh(now));
+    }
+
+    /// Keeps a named client's demand after its stream ended, within the
+    /// bound.
+    pub(super) fn depart(&mut self, name: Arc<str>, demand: Demand) {
+        if self.departed.len() < MAX_DEPARTED || self.departed.contains_key(&name) {
+            self.departed.insert(name, demand);
+        }
+    }
+
+    /// The assignment now for a client whose demand is `demand`.
     pub(super) fn assignment(
         &self,
-        client: &str,
+        demand: Option<f64>,
         now: Nanos,
         options: &QuotaOptions,
     ) -> Assignment {
         match &self.resolved {
-            Resolved::Unmatched => match options.unmatched {
-                Unmatched::Allow => Assignment::AllowAll,
-                Unmatched::Deny => Assignment::DenyAll,
-            },
+            Resolved::Unmatched => unmatched(options),
             Resolved::Unlimited(_) => Assignment::AllowAll,
             Resolved::Limited {
                 quota,
@@ -179,23 +249,44 @@ impl Bucket {
                         return Assignment::DenyAll;
                     }
                 }
-                let weights = self.weights(now, options.min_share);
-                let local: f64 = weights.iter().map(|(_, w)| w).sum();
-                let mine = weights
-                    .iter()
-                    .find(|(c, _)| &**c == client)
-                    .map_or(local / weights.len().max(1) as f64, |(_, w)| *w);
-                let rate = *limit as f64 / *period_seconds as f64;
-                let share = share::share(rate, mine, local + self.global.others);
+                let share = self.split.share(Claim { demand, live: true });
                 share::token_bucket(share, *limit, *period_seconds)
             }
         }
     }
 
-    /// Counts `allowed` requests reported now into the window.
-    pub(super) fn count(&mut self, allowed: u64, now: Nanos, shared_store: bool) {
+    /// The most requests a client holding `sent` can have admitted over
+    /// `elapsed` seconds (its bucket's burst and fills), at most the limit:
+    /// what a report may count, whatever it says.
+    pub(super) fn admissible(&self, sent: Option<&Assignment>, elapsed: f64) -> u64 {
+        let Resolved::Limited { limit, .. } = &self.resolved else {
+            return u64::MAX;
+        };
+        match sent {
+            Some(Assignment::TokenBucket {
+                max_tokens,
+                tokens_per_fill,
+                fill_seconds,
+                ..
+            }) => {
+                let fills = (elapsed.max(0.0) / f64::from((*fill_seconds).max(1))).ceil();
+                let most = f64::from(*max_tokens) + f64::from(*tokens_per_fill) * fills;
+                (most.min(*limit as f64)) as u64
+            }
+            // Allowed all before the bucket was limited, or not told yet
+            // (Envoy's no_assignment_behavior): up to the limit.
+            _ => *limit,
+        }
+    }
+
+    /// Counts `allowed` requests, reported now over the last `elapsed`
+    /// seconds, into the window: a report that straddles the window's start
+    /// counts only the part after it (spread evenly), as its requests
+    /// happened then.
+    pub(super) fn count(&mut self, allowed: u64, elapsed: f64, now: Nanos, shared_store: bool) {
         let Resolved::Limited {
             quota,
+            limit,
             period_seconds,
             ..
         } = &self.resolved
@@ -205,15 +296,33 @@ impl Bucket {
         if *period_seconds < COUNTED_PERIOD_SECONDS {
             return;
         }
-        let window = quota.window_at(now).index;
-        if window != self.global.window {
-            self.global.window = window;
+        let window = quota.window_at(now);
+        if window.index != self.global.window {
+            self.global.window = window.index;
             self.global.used = 0;
+            self.global.pending = 0;
         }
-        self.global.used = self.global.used.saturating_add(allowed);
+        let now_ticks = now / NANOS_PER_TICK;
+        let since_start = now_ticks.saturating_sub(window.start) as f64 * TICK_SECONDS;
+        let allowed = if elapsed > since_start && elapsed > 0.0 {
+            (allowed as f64 * since_start / elapsed).round() as u64
+        } else {
+            allowed
+        };
+        // Past the limit a count changes nothing (the window is refused),
+        // and bounded counts keep the store's counter far from overflow.
+        self.global.used = self.global.used.saturating_add(allowed).min(*limit);
         if shared_store {
-            self.global.pending = self.global.pending.saturating_add(allowed);
+            self.global.pending = self.global.pending.saturating_add(allowed).min(*limit);
         }
+    }
+}
+
+/// What a bucket without a limit's rule gets.
+pub(super) fn unmatched(options: &QuotaOptions) -> Assignment {
+    match options.unmatched {
+        Unmatched::Allow => Assignment::AllowAll,
+        Unmatched::Deny => Assignment::DenyAll,
     }
 }
 

@@ -31,8 +31,7 @@ mod view;
 mod wire;
 
 pub use options::{
-    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_CLIENTS_PER_BUCKET, QuotaOptions,
-    Unmatched,
+    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_DEPARTED, QuotaOptions, Unmatched,
 };
 pub use quotas::{QuotaMetrics, Quotas};
 pub use wire::Outgoing;

@@ -16,9 +16,10 @@ pub const DEMAND_STALE: Nanos = 15 * NANOS_PER_SEC;
 /// count a one-second window.
 pub const COUNTED_PERIOD_SECONDS: u64 = 60;
 
-/// The most clients whose demand one bucket tracks (live streams, and named
-/// clients for 15 s after their stream ended).
-pub const MAX_CLIENTS_PER_BUCKET: usize = 4096;
+/// The most named clients whose demand one bucket keeps after their stream
+/// ended (for 15 s, pooled): names cycled by one client cannot grow a
+/// bucket without limit. Live streams are bounded by `max_streams`.
+pub const MAX_DEPARTED: usize = 4096;
 
 /// The longest client name kept (characters); longer names are cut.
 pub const MAX_CLIENT_NAME: usize = 256;
@@ -45,6 +46,15 @@ pub struct QuotaOptions {
     pub max_entries: usize,
     /// Bytes of one bucket key or value, and of the domain.
     pub max_value_bytes: usize,
+    /// The most buckets one stream holds at once; reports for more are not
+    /// answered.
+    pub max_buckets_per_stream: usize,
+    /// The most (stream, bucket) pairs held at once, all streams together:
+    /// what the tables grow with (about 300 bytes each).
+    pub max_pairs: usize,
+    /// How long the once-a-second exchange with the store may take, all
+    /// buckets together.
+    pub exchange_timeout: Duration,
     /// This instance's name in the shared store.
     pub instance: String,
 }
@@ -57,6 +67,9 @@ impl Default for QuotaOptions {
             unmatched: Unmatched::Allow,
             max_buckets: 100_000,
             max_streams: 10_000,
+            max_buckets_per_stream: 10_000,
+            max_pairs: 1_000_000,
+            exchange_timeout: Duration::from_millis(500),
             max_entries: 32,
             max_value_bytes: 65_536,
             instance: "tollgate".into(),

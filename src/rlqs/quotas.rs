@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::bucket::{Bucket, Demand, OtherInstances, bucket_name, resolve};
-use super::options::{MAX_CLIENT_NAME, MAX_CLIENTS_PER_BUCKET, PUSH_QUEUE, QuotaOptions};
+use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
+use super::options::{MAX_CLIENT_NAME, PUSH_QUEUE, QuotaOptions};
 use super::share;
 use super::wire::Outgoing;
 use crate::clock::Nanos;
@@ -29,10 +29,14 @@ use crate::store::Store;
 /// One open stream.
 #[derive(Debug)]
 pub(super) struct Stream {
-    pub(super) client: Arc<str>,
-    /// Whether the client named itself (its demand outlives the stream, so
-    /// its share survives a reconnect).
-    pub(super) named: bool,
+    /// The name it holds, when it named itself and no other open stream
+    /// held that name: its demand outlives the stream, so its share
+    /// survives a reconnect.
+    pub(super) name: Option<Arc<str>>,
+    /// How operators see it: its name, `name#id` when another open stream
+    /// holds the name (a client is a stream, never a name alone), or
+    /// `stream-id`.
+    pub(super) label: Arc<str>,
     pub(super) domain: Option<String>,
     pub(super) tx: mpsc::Sender<Outgoing>,
     pub(super) buckets: HashSet<Arc<str>>,
@@ -51,6 +55,10 @@ pub(super) struct State {
     pub(super) buckets: HashMap<Arc<str>, Bucket>,
     pub(super) streams: HashMap<u64, Stream>,
     pub(super) next_stream: u64,
+    /// The names open streams hold.
+    pub(super) names: HashSet<Arc<str>>,
+    /// (stream, bucket) pairs held: every stream's buckets added up.
+    pub(super) pairs: usize,
     pub(super) per_rule: BTreeMap<(String, String), RuleCounters>,
 }
 
@@ -62,7 +70,7 @@ pub struct QuotaMetrics {
     /// Bucket usages in those messages.
     pub bucket_reports: AtomicU64,
     /// Bucket usages ignored: no id, too many entries, too long, or past
-    /// `max_buckets`.
+    /// `max_buckets`, `max_buckets_per_stream` or `max_pairs`.
     pub buckets_refused: AtomicU64,
     /// Assignments sent: token bucket, allow all, deny all, abandon.
     pub assignments: [AtomicU64; 4],
@@ -94,6 +102,8 @@ impl Quotas {
                 buckets: HashMap::new(),
                 streams: HashMap::new(),
                 next_stream: 0,
+                names: HashSet::new(),
+                pairs: 0,
                 per_rule: BTreeMap::new(),
             }),
             metrics: QuotaMetrics::default(),
@@ -122,21 +132,31 @@ impl Quotas {
         }
         let id = state.next_stream;
         state.next_stream += 1;
-        let (client, named): (Arc<str>, bool) = match client {
-            Some(name) => (
-                name.chars()
-                    .take(MAX_CLIENT_NAME)
-                    .collect::<String>()
-                    .into(),
-                true,
-            ),
-            None => (format!("stream-{id}").into(), false),
+        let cut = |name: &str| -> Arc<str> {
+            name.chars()
+                .take(MAX_CLIENT_NAME)
+                .collect::<String>()
+                .into()
+        };
+        let (name, label) = match client {
+            Some(given) => {
+                let given = cut(given);
+                if state.names.insert(given.clone()) {
+                    (Some(given.clone()), given)
+                } else {
+                    // Another open stream holds the name: this one is a
+                    // client of its own (two gateways deployed with one
+                    // name must not each get the whole rate).
+                    (None, format!("{given}#{id}").into())
+                }
+            }
+            None => (None, format!("stream-{id}").into()),
         };
         state.streams.insert(
             id,
             Stream {
-                client,
-                named,
+                name,
+                label,
                 domain: None,
                 tx,
                 buckets: HashSet::new(),
@@ -151,25 +171,37 @@ impl Quotas {
         self.state.lock().streams.get(&id).map(|s| s.tx.clone())
     }
 
-    /// Forgets stream `id`. A client that named itself keeps its demand
-    /// until it goes stale: reconnected, it finds its share where it was.
+    /// Forgets stream `id`. A client that holds its name keeps its demand
+    /// until it goes stale (pooled): reconnected, it finds its share where
+    /// it was.
     pub fn close(&self, id: u64) {
+        let now = self.now();
         let mut state = self.state.lock();
+        let state = &mut *state;
         let Some(stream) = state.streams.remove(&id) else {
             return;
         };
-        for name in &stream.buckets {
-            if let Some(bucket) = state.buckets.get_mut(name) {
-                bucket.sent.remove(&id);
-                if !stream.named {
-                    bucket.clients.remove(&stream.client);
+        if let Some(name) = &stream.name {
+            state.names.remove(name);
+        }
+        for bucket_name in &stream.buckets {
+            let Some(bucket) = state.buckets.get_mut(bucket_name) else {
+                continue;
+            };
+            if let Some(member) = bucket.members.remove(&id) {
+                state.pairs = state.pairs.saturating_sub(1);
+                if let Some(name) = &stream.name {
+                    bucket.depart(name.clone(), member.demand);
                 }
+                bucket.resplit(now, self.options.min_share);
             }
         }
     }
 
     /// Takes one usage report of stream `id` and answers every bucket in it.
-    /// A stream carries one domain: a report for another is an error.
+    /// A stream carries one domain: a report for another is an error. A
+    /// bucket named more than once in a report counts once, its usages
+    /// added up.
     pub fn report(
         &self,
         id: u64,
@@ -188,9 +220,9 @@ impl Quotas {
                 self.options.max_value_bytes
             )));
         }
+        let usages = self.usages(domain, reports);
         let shared_store = self.shared_store();
-        // Rules reloaded since the last tick apply to new buckets at once;
-        // existing ones follow at the tick (which also tells Envoy).
+        let rules = self.limiter.rules();
         let mut state = self.state.lock();
         let state = &mut *state;
         let stream = state
@@ -206,75 +238,88 @@ impl Quotas {
             }
             Some(_) => {}
         }
-        let client = stream.client.clone();
-        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
-        for usage in &reports.bucket_quota_usages {
-            self.metrics.bucket_reports.fetch_add(1, Ordering::Relaxed);
-            let Some(entries) = usage.bucket_id.as_ref().and_then(|b| self.entries(b)) else {
-                self.metrics.buckets_refused.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let name = bucket_name(domain, &entries);
-            if !state.buckets.contains_key(&name) {
+        let mut actions = Vec::with_capacity(usages.len());
+        for usage in usages {
+            // Rules reloaded since the last tick apply to new buckets at
+            // once; existing ones follow at the tick (which also tells
+            // Envoy).
+            let existing = state.buckets.get(&usage.name);
+            let joined = existing.is_none_or(|b| !b.members.contains_key(&id));
+            if existing.is_none() {
+                let resolved = resolve(&rules, domain, &usage.entries);
+                if matches!(resolved, Resolved::Unmatched) {
+                    // Nothing to divide or count: answered without a trace,
+                    // so junk cannot fill the tables.
+                    actions.push(self.action(&usage.entries, &unmatched(&self.options)));
+                    continue;
+                }
                 if state.buckets.len() >= self.options.max_buckets {
                     self.metrics.buckets_refused.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                let resolved = resolve(&self.limiter.rules(), domain, &entries);
+                if self.over_stream_bounds(stream.buckets.len(), state.pairs) {
+                    continue;
+                }
                 state.buckets.insert(
-                    name.clone(),
-                    Bucket {
-                        domain: domain.to_owned(),
-                        entries,
-                        resolved,
-                        clients: HashMap::new(),
-                        sent: HashMap::new(),
-                        global: OtherInstances::default(),
-                    },
+                    usage.name.clone(),
+                    Bucket::new(domain, usage.entries.clone(), resolved),
                 );
+            } else if joined && self.over_stream_bounds(stream.buckets.len(), state.pairs) {
+                continue;
             }
-            let bucket = state.buckets.get_mut(&name).expect("inserted above");
-            let elapsed = usage.time_elapsed.as_ref().map_or(0.0, |d| {
-                d.seconds.max(0) as f64 + f64::from(d.nanos.max(0)) / 1e9
+            let Some(bucket) = state.buckets.get_mut(&usage.name) else {
+                continue;
+            };
+            let member = bucket.members.entry(id).or_insert_with(|| {
+                // A named client back on a new stream takes its demand back.
+                let demand = stream
+                    .name
+                    .as_ref()
+                    .and_then(|n| bucket.departed.remove(n))
+                    .unwrap_or(Demand {
+                        rate: None,
+                        at: now,
+                    });
+                Member { demand, sent: None }
             });
-            let requests = usage
-                .num_requests_allowed
-                .saturating_add(usage.num_requests_denied);
+            member.demand.at = now;
             // Envoy's first report for a new bucket covers no time (it is
             // sent when the bucket's first request arrives): no rate yet.
-            let rate = (elapsed >= 1.0).then(|| requests as f64 / elapsed);
-            // Past the bound, a new client is not tracked: it is weighed as
-            // the average client (names cycled by one client cannot grow a
-            // bucket without limit).
-            let room = bucket.clients.len() < MAX_CLIENTS_PER_BUCKET;
-            if room || bucket.clients.contains_key(&client) {
-                let demand = bucket.clients.entry(client.clone()).or_insert(Demand {
-                    rate: None,
-                    at: now,
-                });
-                demand.at = now;
-                if rate.is_some() {
-                    demand.rate = rate;
-                }
+            if usage.elapsed >= 1.0 {
+                let requests = usage.allowed.saturating_add(usage.denied);
+                member.demand.rate = Some(requests as f64 / usage.elapsed);
             }
-            bucket.count(usage.num_requests_allowed, now, shared_store);
+            let demand = member.demand.rate;
+            let sent = member.sent;
+            let counted = usage
+                .allowed
+                .min(bucket.admissible(sent.as_ref(), usage.elapsed));
+            bucket.count(counted, usage.elapsed, now, shared_store);
+            if joined {
+                state.pairs += 1;
+                stream.buckets.insert(usage.name.clone());
+                // A newcomer changes everyone's part: divided now.
+                bucket.resplit(now, self.options.min_share);
+            } else {
+                bucket.refresh(now, self.options.min_share);
+            }
             if let Some(rule) = bucket.resolved.rule() {
                 let counters = state
                     .per_rule
                     .entry((domain.to_owned(), rule.path.clone()))
                     .or_default();
-                counters.allowed = counters.allowed.saturating_add(usage.num_requests_allowed);
-                counters.denied = counters.denied.saturating_add(usage.num_requests_denied);
+                counters.allowed = counters.allowed.saturating_add(usage.allowed);
+                counters.denied = counters.denied.saturating_add(usage.denied);
             }
             // Every report is answered (which renews the TTL), with what the
             // stream holds unless the assignment moved.
-            let fresh = bucket.assignment(&client, now, &self.options);
-            let sent = bucket.sent.get(&id).copied();
+            let fresh = bucket.assignment(demand, now, &self.options);
             let assignment = share::to_send(sent.as_ref(), fresh)
                 .or(sent)
                 .unwrap_or(fresh);
-            bucket.sent.insert(id, assignment);
-            stream.buckets.insert(name);
+            if let Some(member) = bucket.members.get_mut(&id) {
+                member.sent = Some(assignment);
+            }
             actions.push(self.action(&bucket.entries, &assignment));
         }
         Ok(RateLimitQuotaResponse {
@@ -282,11 +327,25 @@ impl Quotas {
         })
     }
 
+    /// Whether a stream holding `held` buckets may not take one more, with
+    /// `pairs` held by all (counted as refused when it may not).
+    fn over_stream_bounds(&self, held: usize, pairs: usize) -> bool {
+        let over = held >= self.options.max_buckets_per_stream || pairs >= self.options.max_pairs;
+        if over {
+            self.metrics.buckets_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        over
+    }
+
     /// After a reload: buckets whose rule is gone are abandoned (Envoy drops
     /// them until their next request, which finds the new rules); buckets
     /// whose limit changed are re-resolved (the next push tells Envoy).
     /// Returns the abandon actions per stream.
-    pub(super) fn follow_rules(&self, state: &mut State) -> HashMap<u64, Vec<BucketAction>> {
+    pub(super) fn follow_rules(
+        &self,
+        state: &mut State,
+        now: Nanos,
+    ) -> HashMap<u64, Vec<BucketAction>> {
         let mut abandoned: HashMap<u64, Vec<BucketAction>> = HashMap::new();
         let current = self.limiter.rules();
         if Arc::ptr_eq(&current, &state.rules) {
@@ -300,9 +359,8 @@ impl Quotas {
                 bucket.resolved = resolved;
                 continue;
             }
-            let was_limited = bucket.resolved.rule().is_some();
-            if was_limited && resolved.rule().is_none() {
-                for stream in bucket.sent.keys() {
+            if resolved.rule().is_none() {
+                for stream in bucket.members.keys() {
                     abandoned
                         .entry(*stream)
                         .or_default()
@@ -312,12 +370,18 @@ impl Quotas {
             } else {
                 bucket.resolved = resolved;
                 bucket.global = OtherInstances::default();
+                bucket.resplit(now, self.options.min_share);
             }
         }
         for name in gone {
-            state.buckets.remove(&name);
-            for stream in state.streams.values_mut() {
-                stream.buckets.remove(&name);
+            let Some(bucket) = state.buckets.remove(&name) else {
+                continue;
+            };
+            state.pairs = state.pairs.saturating_sub(bucket.members.len());
+            for id in bucket.members.keys() {
+                if let Some(stream) = state.streams.get_mut(id) {
+                    stream.buckets.remove(&name);
+                }
             }
         }
         abandoned

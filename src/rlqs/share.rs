@@ -46,19 +46,181 @@ pub const SHARE_TOLERANCE: f64 = 0.1;
 /// request per hour.
 const MAX_FILL_SECONDS: u32 = 3600;
 
-/// A client's weight in the division: its demand, at least `floor`; a client
-/// without a measured demand yet counts as `unknown`.
-pub fn weight(demand: Option<PerSecond>, floor: PerSecond, unknown: PerSecond) -> f64 {
-    demand.unwrap_or(unknown).max(floor)
+/// The floors of the pooled clients (idle ones, ones without a measured
+/// demand yet, and named ones whose stream ended) together weigh at most this
+/// share of the rate: a crowd of streams that ask for nothing (8,000 of them
+/// in the attack this bounds) cannot outweigh one client that asks.
+pub const POOL_SHARE: f64 = 0.25;
+
+/// What one client claims of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// Its demand (requests per second), once a report covered time.
+    pub demand: Option<PerSecond>,
+    /// Whether its stream is open (a named client's demand outlives its
+    /// stream for a while, pooled).
+    pub live: bool,
 }
 
-/// A client's share of `rate`: `rate * weight / total`. `total` includes the
-/// client's own weight; a total that is not positive gives the whole rate.
-pub fn share(rate: PerSecond, weight: f64, total: f64) -> PerSecond {
-    if total <= 0.0 || !total.is_finite() {
-        return rate;
+/// How a bucket's rate is divided among the clients of this instance (and
+/// the other instances' weight), computed once from every claim; a client's
+/// share then follows from its own claim alone (see [`Split::share`]).
+///
+/// - A demand counts up to the rate: no client can use more than the whole
+///   bucket, so a report of `u64::MAX` requests weighs as much as one that
+///   asked for the rate.
+/// - A live client whose demand is above the floor (`min_share` of the rate)
+///   is *active* and weighs its demand. The others are *pooled*: an idle one
+///   weighs the floor, one without a demand yet the average demand, a
+///   departed named one its last demand; together they weigh at most
+///   [`POOL_SHARE`] of the rate (scaled down alike past it).
+/// - Shares are proportional to weights (a 3:1 demand gets a 3:1 share),
+///   with this instance's part of the rate going to its clients, and every
+///   active client gets at least `min(floor, its part / active clients)`:
+///   a real share of the rate, whatever the others claim. The shares add up
+///   to the rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Split {
+    rate: PerSecond,
+    floor: PerSecond,
+    /// The weight of a client without a demand yet (before pooling).
+    unknown: f64,
+    /// The factor every pooled weight is scaled by.
+    pool_factor: f64,
+    /// Share per unit of weight.
+    scale: f64,
+    /// The least share of an active client.
+    minimum: PerSecond,
+    /// The weight of this instance's clients, as it reports it to the others.
+    local: f64,
+    /// Whether anyone weighs anything (else a client gets the whole rate).
+    weighed: bool,
+}
+
+impl Split {
+    /// The split of `rate` among `claims` (this instance's clients) and the
+    /// other instances' weight `others`, with a floor of `min_share` of the
+    /// rate.
+    pub fn new(rate: PerSecond, claims: &[Claim], others: f64, min_share: f64) -> Self {
+        let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
+        let floor = min_share.clamp(0.0, 1.0) * rate;
+        let known: Vec<f64> = claims
+            .iter()
+            .filter_map(|c| c.demand)
+            .map(|d| clamp_demand(d, rate))
+            .collect();
+        let unknown = if known.is_empty() {
+            rate
+        } else {
+            known.iter().sum::<f64>() / known.len() as f64
+        }
+        .max(floor);
+        let mut split = Split {
+            rate,
+            floor,
+            unknown,
+            pool_factor: 1.0,
+            scale: 0.0,
+            minimum: 0.0,
+            local: 0.0,
+            weighed: false,
+        };
+        let mut active: Vec<f64> = Vec::new();
+        let mut pooled = 0.0;
+        for claim in claims {
+            match split.active_demand(claim) {
+                Some(d) => active.push(d),
+                None => pooled += split.nominal(claim),
+            }
+        }
+        let cap = POOL_SHARE * rate;
+        if pooled > cap && pooled > 0.0 {
+            split.pool_factor = cap / pooled;
+        }
+        let local = active.iter().sum::<f64>() + pooled * split.pool_factor;
+        let others = if others.is_finite() {
+            others.max(0.0)
+        } else {
+            0.0
+        };
+        let total = local + others;
+        split.local = local;
+        if total <= 0.0 || local <= 0.0 {
+            split.weighed = total > 0.0;
+            return split;
+        }
+        split.weighed = true;
+        let local_rate = rate * local / total;
+        if !active.is_empty() {
+            split.minimum = floor.min(local_rate / active.len() as f64);
+        }
+        // Raise the smallest active shares to the minimum, taking it from
+        // the rest in proportion: the scale only falls, so one pass over the
+        // sorted demands settles it.
+        active.sort_by(f64::total_cmp);
+        let mut scale = local_rate / local;
+        let (mut raised, mut raised_weight) = (0usize, 0.0);
+        while raised < active.len() && active[raised] * scale < split.minimum {
+            raised_weight += active[raised];
+            raised += 1;
+            let rest = local - raised_weight;
+            scale = if rest > 0.0 {
+                ((local_rate - raised as f64 * split.minimum) / rest).max(0.0)
+            } else {
+                0.0
+            };
+        }
+        split.scale = scale;
+        split
     }
-    (rate * weight / total).clamp(0.0, rate)
+
+    /// The demand an active claim weighs; `None` for a pooled one.
+    fn active_demand(&self, claim: &Claim) -> Option<f64> {
+        let d = clamp_demand(claim.demand?, self.rate);
+        (claim.live && d > self.floor).then_some(d)
+    }
+
+    /// A pooled claim's weight before the pool is scaled.
+    fn nominal(&self, claim: &Claim) -> f64 {
+        claim
+            .demand
+            .map_or(self.unknown, |d| clamp_demand(d, self.rate))
+            .max(self.floor)
+    }
+
+    /// The share of a client claiming `claim` (one of the claims the split
+    /// was made from, or a newcomer since, weighed alike).
+    pub fn share(&self, claim: Claim) -> PerSecond {
+        if !self.weighed {
+            return self.rate;
+        }
+        let share = match self.active_demand(&claim) {
+            Some(d) => (d * self.scale).max(self.minimum),
+            None => self.nominal(&claim) * self.pool_factor * self.scale,
+        };
+        share.clamp(0.0, self.rate)
+    }
+
+    /// The weight of a client claiming `claim`, as shown to operators.
+    pub fn weight(&self, claim: Claim) -> f64 {
+        match self.active_demand(&claim) {
+            Some(d) => d,
+            None => self.nominal(&claim) * self.pool_factor,
+        }
+    }
+
+    /// The weight of this instance's clients together.
+    pub fn local_weight(&self) -> f64 {
+        self.local
+    }
+}
+
+/// A demand as it counts: at most the whole rate, never negative or NaN.
+fn clamp_demand(demand: PerSecond, rate: PerSecond) -> f64 {
+    if demand.is_nan() {
+        return 0.0;
+    }
+    demand.clamp(0.0, rate)
 }
 
 /// The token bucket that enforces `share` requests per second for a limit
@@ -176,31 +338,111 @@ mod tests {
         }
     }
 
+    fn live(demand: f64) -> Claim {
+        Claim {
+            demand: Some(demand),
+            live: true,
+        }
+    }
+
+    fn shares(split: &Split, claims: &[Claim]) -> Vec<f64> {
+        claims
+            .iter()
+            .map(|c| (split.share(*c) * 1000.0).round() / 1000.0)
+            .collect()
+    }
+
     #[test]
     fn shares_follow_demand_and_add_up_to_the_rate() {
-        let rate = 20.0;
-        let floor = 0.05 * rate;
-        let weights = [
-            weight(Some(30.0), floor, 0.0),
-            weight(Some(10.0), floor, 0.0),
-        ];
-        let total: f64 = weights.iter().sum();
-        let shares: Vec<f64> = weights.iter().map(|w| share(rate, *w, total)).collect();
-        assert_eq!(shares, vec![15.0, 5.0]);
-        // An idle client keeps the floor, so it can start again at once.
-        let idle = weight(Some(0.0), floor, 0.0);
-        assert_eq!(idle, 1.0);
-        let total = weights.iter().sum::<f64>() + idle;
-        let sum: f64 = [weights[0], weights[1], idle]
-            .iter()
-            .map(|w| share(rate, *w, total))
-            .sum();
-        assert!((sum - rate).abs() < 1e-9, "{sum}");
+        let claims = [live(15.0), live(5.0)];
+        let split = Split::new(20.0, &claims, 0.0, 0.05);
+        assert_eq!(shares(&split, &claims), vec![15.0, 5.0]);
+        // An idle client keeps a share, so it can start again at once, and
+        // the shares still add up to the rate.
+        let claims = [live(15.0), live(5.0), live(0.0)];
+        let split = Split::new(20.0, &claims, 0.0, 0.05);
+        let all = shares(&split, &claims);
+        assert!(all[2] > 0.0, "{all:?}");
+        assert!((all.iter().sum::<f64>() - 20.0).abs() < 0.01, "{all:?}");
         // A client without a report yet counts as the average.
-        assert_eq!(weight(None, floor, 20.0), 20.0);
+        let newcomer = Claim {
+            demand: None,
+            live: true,
+        };
+        let split = Split::new(20.0, &[live(10.0), live(10.0), newcomer], 0.0, 0.05);
+        assert_eq!(
+            split.weight(newcomer),
+            5.0,
+            "the average, pooled to a quarter of the rate"
+        );
         // Nothing known: the whole rate.
-        assert_eq!(share(rate, 1.0, 0.0), rate);
-        assert_eq!(share(rate, 1.0, f64::NAN), rate);
+        let split = Split::new(20.0, &[], 0.0, 0.05);
+        assert_eq!(split.share(newcomer), 20.0);
+        // Another instance's weight takes its part.
+        let split = Split::new(20.0, &[live(10.0)], 10.0, 0.05);
+        assert_eq!(split.share(live(10.0)), 10.0);
+    }
+
+    #[test]
+    fn a_claim_above_the_rate_counts_as_the_rate() {
+        // Two honest clients at 10/s and one that reports u64::MAX requests.
+        let claims = [live(10.0), live(10.0), live(u64::MAX as f64)];
+        let split = Split::new(20.0, &claims, 0.0, 0.05);
+        assert_eq!(shares(&split, &claims), vec![5.0, 5.0, 10.0]);
+        for poison in [f64::INFINITY, f64::NAN, -1.0] {
+            let claims = [live(10.0), live(poison)];
+            let split = Split::new(20.0, &claims, 0.0, 0.05);
+            let all = shares(&split, &claims);
+            // At worst, the honest client's part against a claim of the
+            // whole rate: 10 of 30.
+            assert!(all[0] >= 6.66, "{poison}: {all:?}");
+            assert!(all.iter().sum::<f64>() <= 20.001, "{poison}: {all:?}");
+        }
+    }
+
+    #[test]
+    fn a_crowd_of_idle_or_new_streams_cannot_outweigh_one_that_asks() {
+        for crowd in [
+            Claim {
+                demand: Some(0.0),
+                live: true,
+            },
+            Claim {
+                demand: None,
+                live: true,
+            },
+            Claim {
+                demand: Some(20.0),
+                live: false,
+            },
+        ] {
+            let mut claims = vec![crowd; 8_000];
+            claims.push(live(10.0));
+            let split = Split::new(20.0, &claims, 0.0, 0.05);
+            let honest = split.share(live(10.0));
+            assert!(honest >= 10.0, "{crowd:?}: the honest client gets {honest}");
+            let sum = 8_000.0 * split.share(crowd) + honest;
+            assert!(sum <= 20.0 + 1e-9, "{crowd:?}: the shares add up to {sum}");
+        }
+    }
+
+    #[test]
+    fn every_active_client_keeps_a_minimum_share_of_the_rate() {
+        // 100 clients claiming the whole rate and one asking for 10/s: each
+        // gets at least the rate over the clients (not 10/2010 of it).
+        let mut claims = vec![live(20.0); 100];
+        claims.push(live(10.0));
+        let split = Split::new(20.0, &claims, 0.0, 0.05);
+        let honest = split.share(live(10.0));
+        assert!(honest >= 20.0 / 101.0 - 1e-9, "{honest}");
+        let sum: f64 = claims.iter().map(|c| split.share(*c)).sum();
+        assert!((sum - 20.0).abs() < 1e-6, "{sum}");
+        // With few clients the minimum is the floor (5 % of the rate).
+        let claims = [live(20.0), live(20.0), live(1.5)];
+        let split = Split::new(20.0, &claims, 0.0, 0.05);
+        let all = shares(&split, &claims);
+        assert!(all[2] >= 1.0, "{all:?}");
+        assert!((all.iter().sum::<f64>() - 20.0).abs() < 0.01, "{all:?}");
     }
 
     #[test]

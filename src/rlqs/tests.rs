@@ -175,36 +175,37 @@ fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
     tick(&q);
     assert_eq!(pushed(&mut rx_a)["api_key=k1"], "10/1s max 10");
     assert!(pushed(&mut rx_b).is_empty(), "nothing changed for b");
-    // Five seconds later: a offered 30/s, b 10/s.
+    // Five seconds later: a offered 15/s, b 5/s.
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 50, 100, 5)]))
+        .report(a, &report(vec![usage(&key, 50, 25, 5)]))
         .expect("present");
-    // b has no rate yet: it weighs as much as the average client (30).
-    assert_eq!(one(&r), "10/1s max 10");
+    // b has no rate yet: it weighs as much as the average client (15), but
+    // pooled clients weigh at most a quarter of the rate (5): 15 of 20.
+    assert_eq!(one(&r), "15/1s max 15");
     let r = q
-        .report(b, &report(vec![usage(&key, 50, 0, 5)]))
+        .report(b, &report(vec![usage(&key, 25, 0, 5)]))
         .expect("present");
-    assert_eq!(one(&r), "5/1s max 5", "10 of 40");
+    assert_eq!(one(&r), "5/1s max 5", "5 of 20");
     tick(&q);
-    assert_eq!(pushed(&mut rx_a)["api_key=k1"], "15/1s max 15", "30 of 40");
+    assert!(pushed(&mut rx_a).is_empty(), "a already has 15 of 20");
     assert!(pushed(&mut rx_b).is_empty());
     // Small moves do not hand Envoy a new (full) bucket.
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 80, 5)]))
+        .report(a, &report(vec![usage(&key, 75, 5, 5)]))
         .expect("present");
-    assert_eq!(one(&r), "15/1s max 15", "31 of 41 is within 10 % of 15");
+    assert_eq!(one(&r), "15/1s max 15", "16 of 21 is within 10 % of 15");
     // b goes quiet: once its last report is stale, a takes the whole rate
     // and b is forgotten.
     clock.advance(Duration::from_secs(6));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 75, 5)]))
+        .report(a, &report(vec![usage(&key, 75, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "15/1s max 15");
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 75, 5)]))
+        .report(a, &report(vec![usage(&key, 75, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "20/1s max 20");
     tick(&q);
@@ -231,6 +232,7 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
     clock.advance(Duration::from_secs(5));
     q.report(a, &report(vec![usage(&key, 100, 0, 5)]))
         .expect("present");
+    clock.advance(Duration::from_millis(10));
     // b sent nothing: its weight is the floor, 5 % of 20/s = 1 of 21.
     let r = q
         .report(b, &report(vec![usage(&key, 0, 0, 5)]))
@@ -252,7 +254,11 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
     let r = q
         .report(a, &report(vec![usage(&key, 20, 0, 1)]))
         .expect("present");
-    assert_eq!(one(&r), "5/1s max 5", "a 20, b 1, c 60: 20 x 20/81");
+    assert_eq!(
+        one(&r),
+        "29/3s max 29",
+        "a 20, b 1, c 60 counted as the rate (20): 20 x 20/41"
+    );
     q.close(c);
     let r = q
         .report(a, &report(vec![usage(&key, 20, 0, 1)]))
@@ -277,8 +283,16 @@ fn a_spent_window_is_denied_until_it_ends() {
     assert_eq!(one(&r), "deny", "100 admitted in this minute");
     let json = q.to_json(10);
     assert_eq!(json["buckets"][0]["window_used"], 100);
+    // Envoy reports every 5 s; the window stays spent.
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(5));
+        let r = q
+            .report(a, &report(vec![usage(&key, 0, 10, 5)]))
+            .expect("present");
+        assert_eq!(one(&r), "deny");
+    }
     // The next minute: a token bucket again, pushed without waiting for a report.
-    clock.advance(Duration::from_secs(55));
+    clock.advance(Duration::from_secs(5));
     tick(&q);
     assert_eq!(pushed(&mut rx)["plan=daily"], "5/3s max 100");
 }
@@ -410,14 +424,14 @@ fn hostile_reports_are_bounded() {
 }
 
 #[test]
-fn a_bucket_tracks_a_bounded_number_of_clients() {
+fn a_bucket_keeps_a_bounded_number_of_departed_clients() {
     let (q, _, _) = quotas(QuotaOptions {
-        max_streams: MAX_CLIENTS_PER_BUCKET + 10,
+        max_streams: MAX_DEPARTED + 10,
         ..QuotaOptions::default()
     });
     let key = [("api_key", "k1")];
     // One client cycling names: each stream reports, then goes.
-    for i in 0..MAX_CLIENTS_PER_BUCKET + 5 {
+    for i in 0..MAX_DEPARTED + 5 {
         let (id, _rx) = q.open(Some(&format!("name-{i}"))).expect("opens");
         let r = q
             .report(id, &report(vec![usage(&key, 1, 0, 5)]))
@@ -431,6 +445,164 @@ fn a_bucket_tracks_a_bounded_number_of_clients() {
             .as_array()
             .expect("clients")
             .len(),
-        MAX_CLIENTS_PER_BUCKET
+        MAX_DEPARTED
     );
+}
+
+/// The token bucket's rate in an action string such as "29/3s max 29".
+fn rate_of(action: &str) -> f64 {
+    let (tokens, rest) = action.split_once('/').expect("a token bucket");
+    let seconds = rest.split_once('s').expect("seconds").0;
+    tokens.parse::<f64>().expect("tokens") / seconds.parse::<f64>().expect("seconds")
+}
+
+#[test]
+fn streams_sharing_a_name_are_clients_of_their_own() {
+    let (q, _, clock) = quotas(QuotaOptions::default());
+    let key = [("api_key", "k1")];
+    // Four gateways deployed from one config, all named gateway-a, each
+    // offering 15/s against 20/s: before, each got the whole rate.
+    let streams: Vec<_> = (0..4)
+        .map(|_| q.open(Some("gateway-a")).expect("opens"))
+        .collect();
+    for (id, _) in &streams {
+        q.report(*id, &report(vec![usage(&key, 1, 0, 0)]))
+            .expect("present");
+    }
+    clock.advance(Duration::from_secs(5));
+    let mut total = 0.0;
+    for (id, _) in &streams {
+        clock.advance(Duration::from_millis(10));
+        let r = q
+            .report(*id, &report(vec![usage(&key, 75, 0, 5)]))
+            .expect("present");
+        total += rate_of(&one(&r));
+    }
+    tick(&q);
+    let json = q.to_json(1);
+    let clients: Vec<String> = json["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .map(|s| s["client"].as_str().expect("client").to_owned())
+        .collect();
+    assert_eq!(clients[0], "gateway-a", "the first holds the name");
+    assert!(clients[1].starts_with("gateway-a#"), "{clients:?}");
+    let shares: f64 = json["buckets"][0]["assignments"]
+        .as_array()
+        .expect("assignments")
+        .iter()
+        .map(|a| {
+            a["assignment"]["token_bucket"]["share_per_second"]
+                .as_f64()
+                .expect("a share")
+        })
+        .sum();
+    assert!(
+        shares <= 20.0 * 1.12,
+        "the four shares add up to {shares} for 20/s ({total} as answered)"
+    );
+}
+
+#[test]
+fn one_report_cannot_grab_a_bucket_or_spend_its_window() {
+    let (q, _, clock) = quotas(QuotaOptions::default());
+    for key in [[("api_key", "k1")], [("plan", "daily")]] {
+        let honest: Vec<_> = (0..2).map(|_| q.open(None).expect("opens")).collect();
+        let (thief, _rx) = q.open(None).expect("opens");
+        for (id, _) in &honest {
+            q.report(*id, &report(vec![usage(&key, 1, 0, 0)]))
+                .expect("present");
+        }
+        q.report(thief, &report(vec![usage(&key, 1, 0, 0)]))
+            .expect("present");
+        clock.advance(Duration::from_secs(1));
+        q.report(thief, &report(vec![usage(&key, u64::MAX, u64::MAX, 1)]))
+            .expect("present");
+        for (id, _) in &honest {
+            clock.advance(Duration::from_millis(10));
+            let r = q
+                .report(*id, &report(vec![usage(&key, 10, 0, 1)]))
+                .expect("present");
+            let answer = one(&r);
+            assert_ne!(answer, "deny", "{key:?}: one report spent the window");
+            let rate = rate_of(&answer);
+            // The bucket's rate: 20/s, or 100 per minute. The honest
+            // clients keep a real part of it (before: 1 token per hour).
+            let floor = if key[0].0 == "plan" { 0.3 } else { 4.0 };
+            assert!(rate >= floor, "{key:?}: an honest client gets {answer}");
+        }
+        clock.advance(Duration::from_secs(60));
+        tick(&q);
+    }
+}
+
+#[test]
+fn buckets_nobody_reports_expire_and_junk_fills_nothing() {
+    let (q, _, clock) = quotas(QuotaOptions {
+        max_buckets_per_stream: 100,
+        max_pairs: 150,
+        ..QuotaOptions::default()
+    });
+    let (junk, _rx) = q.open(None).expect("opens");
+    // Buckets no rule matches are answered and not kept.
+    let nobody: Vec<BucketQuotaUsage> = (0..1_000)
+        .map(|i| usage(&[("nobody", &i.to_string())], 1, 0, 0))
+        .collect();
+    let r = q.report(junk, &report(nobody)).expect("present");
+    assert_eq!(r.bucket_action.len(), 1_000, "every one answered");
+    assert_eq!(q.to_json(0)["buckets_total"], 0, "none kept");
+    // Matched buckets: at most 100 for one stream, 150 for all.
+    let keys: Vec<BucketQuotaUsage> = (0..1_000)
+        .map(|i| usage(&[("api_key", &format!("junk{i}"))], 1, 0, 0))
+        .collect();
+    q.report(junk, &report(keys.clone())).expect("present");
+    assert_eq!(q.to_json(0)["buckets_total"], 100);
+    let (other, _rx) = q.open(None).expect("opens");
+    q.report(other, &report(keys)).expect("present");
+    assert_eq!(q.to_json(0)["buckets_total"], 100);
+    assert_eq!(q.to_json(0)["pairs"], 150, "the other stream holds 50");
+    // The junk stream stays open and idle: its buckets expire all the same,
+    // and a new API key gets its assignment.
+    clock.advance(Duration::from_secs(16));
+    tick(&q);
+    assert_eq!(q.to_json(0)["buckets_total"], 0);
+    assert_eq!(q.to_json(0)["pairs"], 0);
+    let (honest, _rx) = q.open(None).expect("opens");
+    let r = q
+        .report(honest, &report(vec![usage(&[("api_key", "new")], 1, 0, 0)]))
+        .expect("present");
+    assert_eq!(one(&r), "20/1s max 20");
+}
+
+#[test]
+fn a_bucket_repeated_in_one_report_counts_once() {
+    let (q, _, _) = quotas(QuotaOptions::default());
+    let (a, _rx) = q.open(None).expect("opens");
+    let key = [("plan", "daily")];
+    let repeated: Vec<BucketQuotaUsage> = (0..3_000).map(|_| usage(&key, 0, 1, 0)).collect();
+    let r = q.report(a, &report(repeated)).expect("present");
+    assert_eq!(r.bucket_action.len(), 1);
+    let json = q.to_json(1);
+    assert_eq!(
+        json["buckets"][0]["clients"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+#[test]
+fn usage_counts_in_the_window_it_happened_in() {
+    let (q, _, clock) = quotas(QuotaOptions::default());
+    let key = [("plan", "daily")];
+    let (a, _rx) = q.open(None).expect("opens");
+    q.report(a, &report(vec![usage(&key, 1, 0, 0)]))
+        .expect("present");
+    // 99 more admitted in the last 5 s of the minute, reported 1 s into the
+    // next one: 1 of those 6 s is in the new window.
+    clock.advance(Duration::from_secs(61));
+    let r = q
+        .report(a, &report(vec![usage(&key, 96, 0, 6)]))
+        .expect("present");
+    assert_ne!(one(&r), "deny", "charged to the window it happened in");
+    assert_eq!(q.to_json(1)["buckets"][0]["window_used"], 16);
 }

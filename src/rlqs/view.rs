@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::bucket::Resolved;
+use super::bucket::{Demand, Member, Resolved};
 use super::options::DEMAND_STALE;
 use super::quotas::Quotas;
-use super::share::Assignment;
+use super::share::{Assignment, Claim};
 use crate::clock::NANOS_PER_SEC;
 
 impl Quotas {
@@ -42,6 +42,12 @@ impl Quotas {
             "Quota buckets tracked.",
             state.buckets.len() as f64,
         );
+        gauge(
+            out,
+            "tollgate_rlqs_pairs",
+            "(stream, bucket) pairs held (--rlqs-max-pairs).",
+            state.pairs as f64,
+        );
         let counters = [
             (
                 "tollgate_rlqs_streams_opened_total",
@@ -60,7 +66,7 @@ impl Quotas {
             ),
             (
                 "tollgate_rlqs_buckets_refused_total",
-                "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets.",
+                "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets, --rlqs-max-buckets-per-stream or --rlqs-max-pairs.",
                 &m.buckets_refused,
             ),
             (
@@ -99,7 +105,7 @@ impl Quotas {
                 );
             }
         }
-        // OtherInstances usage per rule: every instance's demand, and what was
+        // Global usage per rule: every instance's demand, and what was
         // admitted in the current window (counted periods only).
         let mut demand: BTreeMap<(&str, &str), (f64, u64)> = BTreeMap::new();
         for bucket in state.buckets.values() {
@@ -107,8 +113,9 @@ impl Quotas {
                 continue;
             };
             let local: f64 = bucket
-                .clients
+                .members
                 .values()
+                .map(|m| m.demand)
                 .filter(|d| now.saturating_sub(d.at) <= DEMAND_STALE)
                 .filter_map(|d| d.rate)
                 .sum();
@@ -152,25 +159,37 @@ impl Quotas {
             .take(limit)
             .map(|name| {
                 let b = &state.buckets[*name];
-                let weights = b.weights(now, self.options.min_share);
-                let clients: Vec<serde_json::Value> = b
-                    .clients
-                    .iter()
-                    .map(|(client, d)| {
-                        json!({
-                            "client": &**client,
-                            "demand_per_second": d.rate,
-                            "reported_seconds_ago": now.saturating_sub(d.at) / NANOS_PER_SEC,
-                            "weight": weights.iter().find(|(c, _)| c == client).map(|(_, w)| *w),
-                        })
+                let client = |label: String, d: &Demand, live: bool| {
+                    json!({
+                        "client": label,
+                        "demand_per_second": d.rate,
+                        "reported_seconds_ago": now.saturating_sub(d.at) / NANOS_PER_SEC,
+                        "weight": b.rate().map(|_| b.split.weight(Claim { demand: d.rate, live })),
+                        "live": live,
                     })
-                    .collect();
-                let mut assignments: Vec<(u64, serde_json::Value)> = b
-                    .sent
+                };
+                let label = |id: &u64| {
+                    state
+                        .streams
+                        .get(id)
+                        .map_or_else(|| format!("stream-{id}"), |s| s.label.to_string())
+                };
+                let mut members: Vec<(&u64, &Member)> = b.members.iter().collect();
+                members.sort_by_key(|(id, _)| **id);
+                let mut clients: Vec<serde_json::Value> = members
                     .iter()
-                    .map(|(id, a)| {
-                        let client = state.streams.get(id).map(|s| s.client.to_string());
-                        (*id, json!({"stream": id, "client": client, "assignment": assignment_json(a)}))
+                    .map(|(id, m)| client(label(id), &m.demand, true))
+                    .collect();
+                clients.extend(
+                    b.departed
+                        .iter()
+                        .map(|(name, d)| client(name.to_string(), d, false)),
+                );
+                let mut assignments: Vec<(u64, serde_json::Value)> = members
+                    .iter()
+                    .filter_map(|(id, m)| {
+                        let a = m.sent.as_ref()?;
+                        Some((**id, json!({"stream": id, "client": label(id), "assignment": assignment_json(a)})))
                     })
                     .collect();
                 assignments.sort_by_key(|(id, _)| *id);
@@ -214,13 +233,14 @@ impl Quotas {
             ids.into_iter()
                 .map(|id| {
                     let s = &state.streams[id];
-                    json!({"stream": id, "client": &*s.client, "named": s.named, "domain": s.domain, "buckets": s.buckets.len()})
+                    json!({"stream": id, "client": &*s.label, "named": s.name.is_some(), "domain": s.domain, "buckets": s.buckets.len()})
                 })
                 .collect()
         };
         json!({
             "instance": self.options.instance,
             "buckets_total": state.buckets.len(),
+            "pairs": state.pairs,
             "buckets": buckets,
             "streams": streams,
         })

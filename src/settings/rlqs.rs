@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::values::{UnmatchedArg, at_least_one, parse_share, parse_ttl};
+use super::values::{UnmatchedArg, at_least_one, parse_duration, parse_share, parse_ttl};
 
 /// Settings of the quota service (RLQS). Each keeps its `--rlqs-` flag
 /// name (and id) from when the fields were `ServeArgs`' own.
@@ -34,4 +34,19 @@ pub struct RlqsArgs {
     /// domain); more are refused with RESOURCE_EXHAUSTED.
     #[arg(id = "rlqs_max_streams", value_name = "RLQS_MAX_STREAMS", long = "rlqs-max-streams", env = "TOLLGATE_RLQS_MAX_STREAMS", default_value_t = 10_000, value_parser = at_least_one)]
     pub max_streams: usize,
+
+    /// Quota service: the most buckets one stream holds at once; usage for
+    /// more is not answered.
+    #[arg(id = "rlqs_max_buckets_per_stream", value_name = "RLQS_MAX_BUCKETS_PER_STREAM", long = "rlqs-max-buckets-per-stream", env = "TOLLGATE_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000, value_parser = at_least_one)]
+    pub max_buckets_per_stream: usize,
+
+    /// Quota service: the most (stream, bucket) pairs held at once, every
+    /// stream together (what memory grows with: about 300 bytes each).
+    #[arg(id = "rlqs_max_pairs", value_name = "RLQS_MAX_PAIRS", long = "rlqs-max-pairs", env = "TOLLGATE_RLQS_MAX_PAIRS", default_value_t = 1_000_000, value_parser = at_least_one)]
+    pub max_pairs: usize,
+
+    /// Quota service: how long the once-a-second exchange with Redis may
+    /// take, every bucket together (separate from --redis-timeout).
+    #[arg(id = "rlqs_exchange_timeout", value_name = "RLQS_EXCHANGE_TIMEOUT", long = "rlqs-exchange-timeout", env = "TOLLGATE_RLQS_EXCHANGE_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
+    pub exchange_timeout: Duration,
 }
