@@ -15,6 +15,10 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 /// most 100 times a second however many streams report it, or how fast.
 const SPLIT_REFRESH: Nanos = NANOS_PER_SEC / 100;
 
+/// The time a split may wait per client it weighs (10 µs: 10,000 clients
+/// are divided again at most every 100 ms).
+const SPLIT_COST_PER_CLIENT: Nanos = 10_000;
+
 /// Seconds per tick of the windows' clock.
 const TICK_SECONDS: f64 = NANOS_PER_TICK as f64 / NANOS_PER_SEC as f64;
 use crate::rules::{Rule, RuleSet};
@@ -207,11 +211,17 @@ impl Bucket {
     }
 
     /// Divides the rate again when the split is older than
-    /// [`SPLIT_REFRESH`].
-    pub(super) fn refresh(&mut self, now: Nanos, min_share: f64) {
-        if now.saturating_sub(self.split_at) >= SPLIT_REFRESH {
+    /// [`SPLIT_REFRESH`] (longer for a bucket of many clients); true when
+    /// it did.
+    pub(super) fn refresh(&mut self, now: Nanos, min_share: f64) -> bool {
+        // A split costs O(clients): a big bucket is divided less often, so
+        // that dividing it takes at most about 1 % of a core.
+        let every = SPLIT_REFRESH.max(self.members.len() as Nanos * SPLIT_COST_PER_CLIENT);
+        let stale = now.saturating_sub(self.split_at) >= every;
+        if stale {
             self.resplit(now, min_share);
         }
+        stale
     }
 
     /// Forgets departed clients whose demand went stale.
@@ -234,6 +244,29 @@ impl Bucket {
         now: Nanos,
         options: &QuotaOptions,
     ) -> Assignment {
+        self.assignment_with(demand, now, options, |split, claim| split.share(claim))
+    }
+
+    /// The assignment now for a client that joined since the split was made
+    /// (see [`Split::share_of_newcomer`]).
+    pub(super) fn newcomer_assignment(
+        &self,
+        demand: Option<f64>,
+        now: Nanos,
+        options: &QuotaOptions,
+    ) -> Assignment {
+        self.assignment_with(demand, now, options, |split, claim| {
+            split.share_of_newcomer(claim)
+        })
+    }
+
+    fn assignment_with(
+        &self,
+        demand: Option<f64>,
+        now: Nanos,
+        options: &QuotaOptions,
+        share_of: impl Fn(&Split, Claim) -> f64,
+    ) -> Assignment {
         match &self.resolved {
             Resolved::Unmatched => unmatched(options),
             Resolved::Unlimited(_) => Assignment::AllowAll,
@@ -249,7 +282,7 @@ impl Bucket {
                         return Assignment::DenyAll;
                     }
                 }
-                let share = self.split.share(Claim { demand, live: true });
+                let share = share_of(&self.split, Claim { demand, live: true });
                 share::token_bucket(share, *limit, *period_seconds)
             }
         }

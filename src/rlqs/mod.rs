@@ -11,19 +11,19 @@
 //! locally: no call per request. Several Tollgate instances share their
 //! clients' weights and usage through Redis ([`quotas::Quotas::tick`]).
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
     RateLimitQuotaService, RateLimitQuotaServiceServer,
 };
-use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
 mod bucket;
 mod options;
+mod outbox;
 mod quotas;
 pub mod share;
 mod sync;
@@ -33,8 +33,8 @@ mod wire;
 pub use options::{
     COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_DEPARTED, QuotaOptions, Unmatched,
 };
+pub use outbox::{Inbox, Outbound};
 pub use quotas::{QuotaMetrics, Quotas};
-pub use wire::Outgoing;
 
 /// The start of every gRPC path of the quota service (the server dispatches
 /// on it, and holds its streams' connections busy while they last).
@@ -63,18 +63,6 @@ impl RlqsService {
     }
 }
 
-/// What a stream sends: assignments answering its reports, and pushes.
-#[derive(Debug)]
-pub struct Outbound(mpsc::Receiver<Outgoing>);
-
-impl futures_util::Stream for Outbound {
-    type Item = Outgoing;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Outgoing>> {
-        self.0.poll_recv(cx)
-    }
-}
-
 /// Forgets a stream however its task ends.
 struct Closing(Arc<Quotas>, u64);
 
@@ -97,9 +85,11 @@ impl RateLimitQuotaService for RlqsService {
             .get(CLIENT_HEADER)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty());
-        let (id, rx) = self.quotas.open(client)?;
+        let (id, inbox) = self.quotas.open(client)?;
         let reply = self.quotas.sender(id);
         let quotas = self.quotas.clone();
+        let idle = quotas.options().idle_timeout;
+        let (end, ended) = oneshot::channel();
         let mut inbound = request.into_inner();
         tokio::spawn(async move {
             let _closing = Closing(quotas.clone(), id);
@@ -107,19 +97,36 @@ impl RateLimitQuotaService for RlqsService {
                 return;
             };
             loop {
-                let reports = match inbound.message().await {
-                    Ok(Some(reports)) => reports,
+                let reports = match tokio::time::timeout(idle, inbound.message()).await {
+                    Ok(Ok(Some(reports))) => reports,
                     // The client closed its side, or the connection went.
-                    Ok(None) | Err(_) => return,
+                    Ok(Ok(None) | Err(_)) => return,
+                    Err(_) => {
+                        let _ = end.send(Status::deadline_exceeded(format!(
+                            "no usage report for {idle:?} (--rlqs-idle-timeout)"
+                        )));
+                        return;
+                    }
                 };
-                let answer: Outgoing = quotas.report(id, &reports);
-                let failed = answer.is_err();
-                if reply.send(answer).await.is_err() || failed {
-                    return;
+                match quotas.report(id, &reports) {
+                    Ok(answer) => {
+                        if !reply.push(answer) {
+                            quotas.metrics.streams_ended.fetch_add(1, Ordering::Relaxed);
+                            let _ = end.send(Status::resource_exhausted(
+                                "the stream does not read its answers: more than \
+                                 --rlqs-max-queued-bytes are waiting",
+                            ));
+                            return;
+                        }
+                    }
+                    Err(status) => {
+                        let _ = end.send(status);
+                        return;
+                    }
                 }
             }
         });
-        Ok(Response::new(Outbound(rx)))
+        Ok(Response::new(Outbound::new(inbox, ended)))
     }
 }
 

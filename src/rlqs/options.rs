@@ -24,10 +24,6 @@ pub const MAX_DEPARTED: usize = 4096;
 /// The longest client name kept (characters); longer names are cut.
 pub const MAX_CLIENT_NAME: usize = 256;
 
-/// Pushes waiting for a slow stream; past it, pushes are skipped (the next
-/// report's answer carries the latest assignments anyway).
-pub(super) const PUSH_QUEUE: usize = 16;
-
 /// Settings of the quota service.
 #[derive(Debug, Clone)]
 pub struct QuotaOptions {
@@ -52,6 +48,12 @@ pub struct QuotaOptions {
     /// The most (stream, bucket) pairs held at once, all streams together:
     /// what the tables grow with (about 300 bytes each).
     pub max_pairs: usize,
+    /// Bytes of answers and pushes a stream may have waiting; a stream that
+    /// does not read past it is ended (RESOURCE_EXHAUSTED).
+    pub max_queued_bytes: usize,
+    /// How long a stream may go without a usage report before it is ended
+    /// (DEADLINE_EXCEEDED); longer than Envoy's `reporting_interval`.
+    pub idle_timeout: Duration,
     /// How long the once-a-second exchange with the store may take, all
     /// buckets together.
     pub exchange_timeout: Duration,
@@ -70,6 +72,8 @@ impl Default for QuotaOptions {
             max_buckets_per_stream: 10_000,
             max_pairs: 1_000_000,
             exchange_timeout: Duration::from_millis(500),
+            max_queued_bytes: 1024 * 1024,
+            idle_timeout: Duration::from_secs(60),
             max_entries: 32,
             max_value_bytes: 65_536,
             instance: "tollgate".into(),

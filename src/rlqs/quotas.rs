@@ -14,13 +14,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
-use super::options::{MAX_CLIENT_NAME, PUSH_QUEUE, QuotaOptions};
+use super::options::{MAX_CLIENT_NAME, QuotaOptions};
+use super::outbox::{Inbox, Outbox, outbox};
 use super::share;
-use super::wire::Outgoing;
 use crate::clock::Nanos;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -38,7 +37,7 @@ pub(super) struct Stream {
     /// `stream-id`.
     pub(super) label: Arc<str>,
     pub(super) domain: Option<String>,
-    pub(super) tx: mpsc::Sender<Outgoing>,
+    pub(super) tx: Outbox,
     pub(super) buckets: HashSet<Arc<str>>,
 }
 
@@ -78,6 +77,8 @@ pub struct QuotaMetrics {
     pub store_errors: AtomicU64,
     /// Streams ever opened.
     pub streams_opened: AtomicU64,
+    /// Streams ended because they did not read their answers.
+    pub streams_ended: AtomicU64,
 }
 
 /// The quota service's state; see the module documentation.
@@ -110,6 +111,11 @@ impl Quotas {
         }
     }
 
+    /// Its settings.
+    pub fn options(&self) -> &QuotaOptions {
+        &self.options
+    }
+
     pub(super) fn now(&self) -> Nanos {
         self.limiter.clock().now()
     }
@@ -121,8 +127,8 @@ impl Quotas {
     /// Opens a stream for `client` (a name the client gave, or none) and
     /// returns its id and what it will receive; RESOURCE_EXHAUSTED past
     /// `max_streams`.
-    pub fn open(&self, client: Option<&str>) -> Result<(u64, mpsc::Receiver<Outgoing>), Status> {
-        let (tx, rx) = mpsc::channel(PUSH_QUEUE);
+    pub fn open(&self, client: Option<&str>) -> Result<(u64, Inbox), Status> {
+        let (tx, rx) = outbox(self.options.max_queued_bytes);
         let mut state = self.state.lock();
         if state.streams.len() >= self.options.max_streams {
             return Err(Status::resource_exhausted(format!(
@@ -167,7 +173,7 @@ impl Quotas {
     }
 
     /// Where stream `id`'s answers go (`None` once it is closed).
-    pub fn sender(&self, id: u64) -> Option<mpsc::Sender<Outgoing>> {
+    pub(super) fn sender(&self, id: u64) -> Option<Outbox> {
         self.state.lock().streams.get(&id).map(|s| s.tx.clone())
     }
 
@@ -193,7 +199,9 @@ impl Quotas {
                 if let Some(name) = &stream.name {
                     bucket.depart(name.clone(), member.demand);
                 }
-                bucket.resplit(now, self.options.min_share);
+                // Divided again by the next report or tick (at most 10 ms
+                // stale): a thousand streams closing cost O(1) each.
+                bucket.refresh(now, self.options.min_share);
             }
         }
     }
@@ -295,13 +303,16 @@ impl Quotas {
                 .allowed
                 .min(bucket.admissible(sent.as_ref(), usage.elapsed));
             bucket.count(counted, usage.elapsed, now, shared_store);
+            // The split is made again at most every 10 ms: a stream joining
+            // a bucket of 10,000 costs O(1), not a split over all of them.
+            let mut fresh_split = bucket.refresh(now, self.options.min_share);
             if joined {
                 state.pairs += 1;
                 stream.buckets.insert(usage.name.clone());
-                // A newcomer changes everyone's part: divided now.
-                bucket.resplit(now, self.options.min_share);
-            } else {
-                bucket.refresh(now, self.options.min_share);
+                if bucket.members.len() == 1 {
+                    bucket.resplit(now, self.options.min_share);
+                    fresh_split = true;
+                }
             }
             if let Some(rule) = bucket.resolved.rule() {
                 let counters = state
@@ -313,7 +324,11 @@ impl Quotas {
             }
             // Every report is answered (which renews the TTL), with what the
             // stream holds unless the assignment moved.
-            let fresh = bucket.assignment(demand, now, &self.options);
+            let fresh = if joined && !fresh_split {
+                bucket.newcomer_assignment(demand, now, &self.options)
+            } else {
+                bucket.assignment(demand, now, &self.options)
+            };
             let assignment = share::to_send(sent.as_ref(), fresh)
                 .or(sent)
                 .unwrap_or(fresh);

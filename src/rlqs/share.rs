@@ -93,6 +93,12 @@ pub struct Split {
     minimum: PerSecond,
     /// The weight of this instance's clients, as it reports it to the others.
     local: f64,
+    /// The weights of the active clients, and the pooled ones before the
+    /// pool is scaled (for a newcomer's share).
+    active_sum: f64,
+    pooled_sum: f64,
+    /// The other instances' weight.
+    others: f64,
     /// Whether anyone weighs anything (else a client gets the whole rate).
     weighed: bool,
 }
@@ -123,6 +129,9 @@ impl Split {
             scale: 0.0,
             minimum: 0.0,
             local: 0.0,
+            active_sum: 0.0,
+            pooled_sum: 0.0,
+            others: 0.0,
             weighed: false,
         };
         let mut active: Vec<f64> = Vec::new();
@@ -137,7 +146,9 @@ impl Split {
         if pooled > cap && pooled > 0.0 {
             split.pool_factor = cap / pooled;
         }
-        let local = active.iter().sum::<f64>() + pooled * split.pool_factor;
+        split.active_sum = active.iter().sum::<f64>();
+        split.pooled_sum = pooled;
+        let local = split.active_sum + pooled * split.pool_factor;
         let others = if others.is_finite() {
             others.max(0.0)
         } else {
@@ -145,6 +156,7 @@ impl Split {
         };
         let total = local + others;
         split.local = local;
+        split.others = others;
         if total <= 0.0 || local <= 0.0 {
             split.weighed = total > 0.0;
             return split;
@@ -197,6 +209,35 @@ impl Split {
         let share = match self.active_demand(&claim) {
             Some(d) => (d * self.scale).max(self.minimum),
             None => self.nominal(&claim) * self.pool_factor * self.scale,
+        };
+        share.clamp(0.0, self.rate)
+    }
+
+    /// The share of a client that joined since the split was made, as if
+    /// the split had been made with it: its weight is added to the active
+    /// or the pooled ones (the raised minimum aside). Exact for the usual
+    /// newcomer, a pooled one without a demand yet; a joining stream costs
+    /// O(1), not a new split over every client.
+    pub fn share_of_newcomer(&self, claim: Claim) -> PerSecond {
+        let (active_sum, pooled_sum) = match self.active_demand(&claim) {
+            Some(d) => (self.active_sum + d, self.pooled_sum),
+            None => (self.active_sum, self.pooled_sum + self.nominal(&claim)),
+        };
+        let cap = POOL_SHARE * self.rate;
+        let pool_factor = if pooled_sum > cap && pooled_sum > 0.0 {
+            cap / pooled_sum
+        } else {
+            1.0
+        };
+        let local = active_sum + pooled_sum * pool_factor;
+        let total = local + self.others;
+        if total <= 0.0 {
+            return self.rate;
+        }
+        let scale = self.rate / total;
+        let share = match self.active_demand(&claim) {
+            Some(d) => d * scale,
+            None => self.nominal(&claim) * pool_factor * scale,
         };
         share.clamp(0.0, self.rate)
     }

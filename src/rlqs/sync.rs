@@ -123,11 +123,12 @@ impl Quotas {
                 .collect()
         };
         for (tx, actions) in senders {
-            // A full queue means a stream that does not read: it gets the
-            // current assignments with its next report's answer.
-            let _ = tx.try_send(Ok(RateLimitQuotaResponse {
+            // A full queue means a stream that does not read: the push is
+            // dropped (its next report's answer has the current assignments,
+            // or the stream is ended for not reading them).
+            let _ = tx.push(RateLimitQuotaResponse {
                 bucket_action: actions,
-            }));
+            });
         }
     }
 

@@ -10,7 +10,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tokio::sync::mpsc;
 
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
@@ -146,10 +145,10 @@ fn tick(quotas: &Quotas) {
 }
 
 /// What was pushed to a stream since last asked, merged.
-fn pushed(rx: &mut mpsc::Receiver<Outgoing>) -> HashMap<String, String> {
+fn pushed(rx: &mut Inbox) -> HashMap<String, String> {
     let mut all = HashMap::new();
-    while let Ok(message) = rx.try_recv() {
-        all.extend(actions(&message.expect("no error")));
+    while let Some(message) = rx.try_recv() {
+        all.extend(actions(&message));
     }
     all
 }
@@ -242,6 +241,8 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
     // time, and it still has the share it had.
     q.close(b);
     let (b2, _rx) = q.open(Some("b")).expect("opens");
+    // (Reports read a split at most 10 ms old.)
+    clock.advance(Duration::from_millis(10));
     let r = q
         .report(b2, &report(vec![usage(&key, 0, 0, 0)]))
         .expect("present");
@@ -260,6 +261,7 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
         "a 20, b 1, c 60 counted as the rate (20): 20 x 20/41"
     );
     q.close(c);
+    clock.advance(Duration::from_millis(10));
     let r = q
         .report(a, &report(vec![usage(&key, 20, 0, 1)]))
         .expect("present");

@@ -70,6 +70,11 @@ impl Quotas {
                 &m.buckets_refused,
             ),
             (
+                "tollgate_rlqs_streams_ended_total",
+                "Quota streams ended for not reading their answers (--rlqs-max-queued-bytes).",
+                &m.streams_ended,
+            ),
+            (
                 "tollgate_rlqs_store_errors_total",
                 "Failed exchanges with the store.",
                 &m.store_errors,

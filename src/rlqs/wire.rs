@@ -11,18 +11,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
-use tonic::Status;
 
 use super::bucket::bucket_name;
 use super::quotas::Quotas;
 use super::share::Assignment;
-
-/// What a stream receives.
-pub type Outgoing = Result<RateLimitQuotaResponse, Status>;
 
 fn seconds(d: Duration) -> PbDuration {
     PbDuration {

@@ -24,6 +24,7 @@ use tower_service::Service;
 use super::DRAIN_TIMEOUT;
 use super::limits::{Acceptor, ConnectionLimits};
 use super::tls::Tls;
+use super::whole::WholeMessages;
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxReply = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
@@ -35,12 +36,19 @@ pub(super) struct Dispatch<R, Q, H> {
     pub(super) rls: R,
     pub(super) rlqs: Q,
     pub(super) health: H,
+    /// The largest quota service message (its bodies pass whole messages).
+    pub(super) rlqs_message_bytes: usize,
 }
 
 impl<R, Q, H> Service<http::Request<Incoming>> for Dispatch<R, Q, H>
 where
     R: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
-    Q: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
+    Q: Service<
+            http::Request<WholeMessages>,
+            Response = Reply,
+            Error = Infallible,
+            Future = BoxReply,
+        >,
     H: Service<http::Request<Incoming>, Response = Reply, Error = Infallible, Future = BoxReply>,
 {
     type Response = Reply;
@@ -57,7 +65,11 @@ where
         if path.starts_with("/grpc.health.v1.Health/") {
             Either::Right(self.health.call(request))
         } else if path.starts_with(crate::rlqs::SERVICE_PATH) {
-            Either::Right(self.rlqs.call(request))
+            let max = self.rlqs_message_bytes;
+            Either::Right(
+                self.rlqs
+                    .call(request.map(|body| WholeMessages::new(body, max))),
+            )
         } else {
             // Everything else, unknown methods included (answered UNIMPLEMENTED).
             Either::Left(self.rls.call(request))

@@ -18,6 +18,7 @@ mod grpc;
 mod limits;
 mod start;
 mod tls;
+mod whole;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
@@ -195,8 +196,8 @@ pub fn run(
         let service = RlsService::new(limiter.clone(), candidate.as_ref().map(|(c, _)| c.clone()))
             .with_tracing(otel.clone())
             .into_server();
-        let quota_service =
-            RlqsService::new(quotas.clone()).into_server(limiter.options().bounds.request_bytes);
+        let rlqs_message_bytes = limiter.options().bounds.request_bytes;
+        let quota_service = RlqsService::new(quotas.clone()).into_server(rlqs_message_bytes);
         let limits = limits.clone();
         let tls = tls.clone();
         let health_service = health_service.clone();
@@ -213,6 +214,7 @@ pub fn run(
                         rls: service,
                         rlqs: quota_service,
                         health: health_service,
+                        rlqs_message_bytes,
                     };
                     grpc::serve(listener, dispatch, limits, tls, stop).await
                 })

@@ -151,6 +151,8 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             max_buckets_per_stream: args.rlqs.max_buckets_per_stream,
             max_pairs: args.rlqs.max_pairs,
             exchange_timeout: args.rlqs.exchange_timeout,
+            max_queued_bytes: args.rlqs.max_queued_bytes,
+            idle_timeout: args.rlqs.idle_timeout,
             max_entries: args.max_entries,
             max_value_bytes: args.max_value_bytes,
             instance: instance_name(),

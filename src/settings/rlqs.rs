@@ -49,4 +49,14 @@ pub struct RlqsArgs {
     /// take, every bucket together (separate from --redis-timeout).
     #[arg(id = "rlqs_exchange_timeout", value_name = "RLQS_EXCHANGE_TIMEOUT", long = "rlqs-exchange-timeout", env = "TOLLGATE_RLQS_EXCHANGE_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
     pub exchange_timeout: Duration,
+
+    /// Quota service: bytes of answers a stream may have waiting to be
+    /// read; a stream that does not read past it is ended.
+    #[arg(id = "rlqs_max_queued_bytes", value_name = "RLQS_MAX_QUEUED_BYTES", long = "rlqs-max-queued-bytes", env = "TOLLGATE_RLQS_MAX_QUEUED_BYTES", default_value_t = 1024 * 1024, value_parser = at_least_one)]
+    pub max_queued_bytes: usize,
+
+    /// Quota service: how long a stream may go without a usage report
+    /// before it is ended; longer than Envoy's `reporting_interval`.
+    #[arg(id = "rlqs_idle_timeout", value_name = "RLQS_IDLE_TIMEOUT", long = "rlqs-idle-timeout", env = "TOLLGATE_RLQS_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
 }
