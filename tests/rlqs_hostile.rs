@@ -312,3 +312,119 @@ async fn ten_thousand_quota_streams_leave_should_rate_limit_latency_alone() {
     }
     drop(senders);
 }
+
+/// One report frame of `usages` (one second of usage each).
+fn report_frame(usages: Vec<BucketQuotaUsage>) -> Bytes {
+    grpc_frame(&prost::Message::encode_to_vec(
+        &RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: usages,
+        },
+    ))
+}
+
+fn one_usage(value: String) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("api_key".to_string(), value)].into(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    }
+}
+
+/// Opens a quota stream on `sender` that sends `frames` and stays open,
+/// reading its answers.
+async fn stream_of(
+    sender: &mut hyper::client::conn::http2::SendRequest<StreamBody<Chunks>>,
+    addr: SocketAddr,
+    frames: Vec<Bytes>,
+) -> tokio::task::JoinHandle<()> {
+    let body: Chunks = Box::pin(futures_util::StreamExt::chain(
+        futures_util::stream::iter(frames.into_iter().map(|f| Ok(Frame::data(f)))),
+        futures_util::stream::pending(),
+    ));
+    sender.ready().await.expect("ready");
+    let response = sender.send_request(quota_call(addr, body));
+    tokio::spawn(async move {
+        if let Ok(response) = response.await {
+            let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::await_holding_lock)] // the guard only orders this binary's tests
+async fn memory_stays_under_its_ceiling_at_the_bucket_byte_and_pair_bounds() {
+    let _alone = alone();
+    // Buckets with 60 KB values: 3,000 of them held 593 MB; at the default
+    // --rlqs-max-bucket-bytes (64 MiB) about 550 are kept.
+    let tollgate = Tollgate::start(RULES, &[]);
+    let before = rss(tollgate.pid());
+    let mut sender = h2(tollgate.addr, 1 << 30).await;
+    let frames: Vec<Bytes> = (0..1_500)
+        .map(|i| {
+            report_frame(
+                (0..2)
+                    .map(|j| one_usage(format!("{i}-{j}-{}", "v".repeat(60_000))))
+                    .collect(),
+            )
+        })
+        .collect();
+    let call = stream_of(&mut sender, tollgate.addr, frames).await;
+    let t = &tollgate;
+    tokio::task::block_in_place(|| {
+        wait_for("3,000 buckets reported", Duration::from_secs(60), || {
+            t.metric("tollgate_rlqs_bucket_reports_total") == 3_000
+        })
+    });
+    let kept = tollgate.metric("tollgate_rlqs_buckets");
+    let grown = rss(tollgate.pid()).saturating_sub(before);
+    eprintln!(
+        "3,000 buckets of 60 KB values: {kept} kept, RSS grew {} MB",
+        grown / 1_000_000
+    );
+    assert!(kept < 600, "{kept} buckets kept");
+    assert!(grown < 200_000_000, "RSS grew {grown} bytes");
+    call.abort();
+    drop(tollgate);
+
+    // Pairs: 25 streams asking for the same 10,000 buckets each, 250,000
+    // pairs against a bound of 200,000.
+    let tollgate = Tollgate::start(RULES, &["--rlqs-max-pairs", "200000"]);
+    let before = rss(tollgate.pid());
+    let mut calls = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..25 {
+        let mut sender = h2(tollgate.addr, 1 << 30).await;
+        let frames: Vec<Bytes> = (0..5)
+            .map(|r| report_frame((0..2_000).map(|b| one_usage(format!("{r}-{b}"))).collect()))
+            .collect();
+        calls.push(stream_of(&mut sender, tollgate.addr, frames).await);
+        senders.push(sender);
+    }
+    let t = &tollgate;
+    tokio::task::block_in_place(|| {
+        wait_for("250,000 buckets reported", Duration::from_secs(60), || {
+            t.metric("tollgate_rlqs_bucket_reports_total") == 250_000
+        })
+    });
+    let pairs = tollgate.metric("tollgate_rlqs_pairs");
+    let grown = rss(tollgate.pid()).saturating_sub(before);
+    eprintln!(
+        "250,000 buckets asked for: {pairs} pairs held, RSS grew {} MB",
+        grown / 1_000_000
+    );
+    assert_eq!(pairs, 200_000);
+    assert!(
+        grown < 250_000_000,
+        "RSS grew {grown} bytes for 200,000 pairs"
+    );
+    for call in calls {
+        call.abort();
+    }
+}

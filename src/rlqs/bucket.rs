@@ -172,6 +172,12 @@ impl Bucket {
         bucket
     }
 
+    /// What a bucket named `name` takes beside its fixed size: its name
+    /// (held once, shared by the streams) and its entries (a copy).
+    pub(super) fn bytes_of(name: &str) -> usize {
+        2 * name.len() + std::mem::size_of::<Bucket>()
+    }
+
     /// The bucket's requests per second, when it has a limit.
     pub(super) fn rate(&self) -> Option<f64> {
         match &self.resolved {

@@ -58,6 +58,8 @@ pub(super) struct State {
     pub(super) names: HashSet<Arc<str>>,
     /// (stream, bucket) pairs held: every stream's buckets added up.
     pub(super) pairs: usize,
+    /// What the buckets' names and entries take (see [`Bucket::bytes_of`]).
+    pub(super) bucket_bytes: usize,
     pub(super) per_rule: BTreeMap<(String, String), RuleCounters>,
 }
 
@@ -69,7 +71,8 @@ pub struct QuotaMetrics {
     /// Bucket usages in those messages.
     pub bucket_reports: AtomicU64,
     /// Bucket usages ignored: no id, too many entries, too long, or past
-    /// `max_buckets`, `max_buckets_per_stream` or `max_pairs`.
+    /// `max_buckets`, `max_bucket_bytes`, `max_buckets_per_stream` or
+    /// `max_pairs`.
     pub buckets_refused: AtomicU64,
     /// Assignments sent: token bucket, allow all, deny all, abandon.
     pub assignments: [AtomicU64; 4],
@@ -105,6 +108,7 @@ impl Quotas {
                 next_stream: 0,
                 names: HashSet::new(),
                 pairs: 0,
+                bucket_bytes: 0,
                 per_rule: BTreeMap::new(),
             }),
             metrics: QuotaMetrics::default(),
@@ -261,10 +265,14 @@ impl Quotas {
                     actions.push(self.action(&usage.entries, &unmatched(&self.options)));
                     continue;
                 }
-                if state.buckets.len() >= self.options.max_buckets {
+                let bytes = Bucket::bytes_of(&usage.name);
+                if state.buckets.len() >= self.options.max_buckets
+                    || state.bucket_bytes.saturating_add(bytes) > self.options.max_bucket_bytes
+                {
                     self.metrics.buckets_refused.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                state.bucket_bytes += bytes;
                 if self.over_stream_bounds(stream.buckets.len(), state.pairs) {
                     continue;
                 }
@@ -392,6 +400,7 @@ impl Quotas {
             let Some(bucket) = state.buckets.remove(&name) else {
                 continue;
             };
+            state.bucket_bytes = state.bucket_bytes.saturating_sub(Bucket::bytes_of(&name));
             state.pairs = state.pairs.saturating_sub(bucket.members.len());
             for id in bucket.members.keys() {
                 if let Some(stream) = state.streams.get_mut(id) {

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 
-use super::bucket::Resolved;
+use super::bucket::{Bucket, Resolved};
 use super::options::DEMAND_STALE;
 use super::quotas::{Quotas, State};
 use super::share;
@@ -173,6 +173,7 @@ fn expire(state: &mut State, name: &Arc<str>, now: Nanos, min_share: f64) -> Opt
         buckets,
         streams,
         pairs,
+        bucket_bytes,
         ..
     } = state;
     let bucket = buckets.get_mut(name)?;
@@ -189,6 +190,7 @@ fn expire(state: &mut State, name: &Arc<str>, now: Nanos, min_share: f64) -> Opt
     bucket.forget_departed(now);
     if bucket.members.is_empty() && bucket.departed.is_empty() {
         buckets.remove(name);
+        *bucket_bytes = bucket_bytes.saturating_sub(Bucket::bytes_of(name));
         return None;
     }
     let window = match &bucket.resolved {

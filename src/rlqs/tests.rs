@@ -608,3 +608,32 @@ fn usage_counts_in_the_window_it_happened_in() {
     assert_ne!(one(&r), "deny", "charged to the window it happened in");
     assert_eq!(q.to_json(1)["buckets"][0]["window_used"], 16);
 }
+
+#[test]
+fn buckets_are_bounded_in_bytes_too() {
+    let (q, _, clock) = quotas(QuotaOptions {
+        max_bucket_bytes: 1_000_000,
+        ..QuotaOptions::default()
+    });
+    let (a, _rx) = q.open(None).expect("opens");
+    // 100 buckets of 60 KB values: about 120 KB each as held.
+    let big: Vec<BucketQuotaUsage> = (0..100)
+        .map(|i| {
+            usage(
+                &[("api_key", &format!("{i}{}", "v".repeat(60_000)))],
+                1,
+                0,
+                0,
+            )
+        })
+        .collect();
+    q.report(a, &report(big)).expect("present");
+    let json = q.to_json(0);
+    let kept = json["buckets_total"].as_u64().expect("count");
+    assert!((7..=9).contains(&kept), "{kept} buckets of 120 KB in 1 MB");
+    assert!(json["bucket_bytes"].as_u64().expect("bytes") <= 1_000_000);
+    // Gone, they free their bytes.
+    clock.advance(Duration::from_secs(16));
+    tick(&q);
+    assert_eq!(q.to_json(0)["bucket_bytes"], 0);
+}

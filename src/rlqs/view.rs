@@ -44,6 +44,12 @@ impl Quotas {
         );
         gauge(
             out,
+            "tollgate_rlqs_bucket_bytes",
+            "Bytes the tracked buckets' names and entries take (--rlqs-max-bucket-bytes).",
+            state.bucket_bytes as f64,
+        );
+        gauge(
+            out,
             "tollgate_rlqs_pairs",
             "(stream, bucket) pairs held (--rlqs-max-pairs).",
             state.pairs as f64,
@@ -246,6 +252,7 @@ impl Quotas {
             "instance": self.options.instance,
             "buckets_total": state.buckets.len(),
             "pairs": state.pairs,
+            "bucket_bytes": state.bucket_bytes,
             "buckets": buckets,
             "streams": streams,
         })

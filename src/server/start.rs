@@ -148,6 +148,7 @@ pub fn start(args: &ServeArgs) -> Result<(), String> {
             },
             max_buckets: args.rlqs.max_buckets,
             max_streams: args.rlqs.max_streams,
+            max_bucket_bytes: args.rlqs.max_bucket_bytes,
             max_buckets_per_stream: args.rlqs.max_buckets_per_stream,
             max_pairs: args.rlqs.max_pairs,
             exchange_timeout: args.rlqs.exchange_timeout,
