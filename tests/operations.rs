@@ -355,8 +355,33 @@ fn readme_metrics() -> Vec<String> {
         .collect()
 }
 
+/// The metric names examples/grafana/tollgate.json queries: every name
+/// followed by a `{job=...}` selector in a panel's expression.
+fn dashboard_metrics() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/grafana/tollgate.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("dashboard")).expect("JSON");
+    let pattern = regex::Regex::new(r"([a-z_:][a-z0-9_:]*)\{job=").expect("pattern");
+    let mut names: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .flat_map(|expr| {
+            pattern
+                .captures_iter(&expr)
+                .map(|c| c[1].to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn every_metric_in_the_readme_appears_after_traffic() {
+async fn every_metric_in_the_readme_and_the_dashboard_appears_after_traffic() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     let text = "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: watch\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
@@ -422,6 +447,16 @@ async fn every_metric_in_the_readme_appears_after_traffic() {
         assert!(
             body.lines().any(|l| l.starts_with(name.as_str())),
             "{name} missing from /metrics"
+        );
+    }
+    // Every series the Grafana dashboard queries is there too.
+    let queried = dashboard_metrics();
+    assert!(queried.len() >= 20, "the dashboard's queries: {queried:?}");
+    for name in &queried {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
+            "{name}, queried by examples/grafana/tollgate.json, missing from /metrics"
         );
     }
     assert!(
