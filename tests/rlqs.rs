@@ -17,6 +17,7 @@ use common::envoy::{Envoy, http};
 use common::redis::{RedisCluster, RedisServer, free_port};
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
@@ -535,6 +536,63 @@ fn two_envoys_share_one_quota_by_demand() {
             "tollgate_rlqs_requests_total{domain=\"rlqs\",rule=\"rlqs.api_key\",result=\"denied\"}"
         ),
         "{metrics}"
+    );
+}
+
+/// A quota stream that reports `u64::MAX` requests on bucket `key` every
+/// second until `until`.
+fn grab(tollgate: SocketAddr, key: &'static str, until: Instant) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let mut client = RateLimitQuotaServiceClient::connect(format!("http://{tollgate}"))
+                .await
+                .expect("connect");
+            let reports = futures_util::stream::unfold(0u32, move |n| async move {
+                if n > 0 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                (Instant::now() < until).then(|| {
+                    let seconds = i64::from(n > 0);
+                    (
+                        report(&[("api_key", key)], u64::MAX, u64::MAX, seconds),
+                        n + 1,
+                    )
+                })
+            });
+            let mut answers = client
+                .stream_rate_limit_quotas(reports)
+                .await
+                .expect("stream")
+                .into_inner();
+            while let Ok(Some(_)) = answers.message().await {}
+        });
+    })
+}
+
+#[test]
+fn a_client_reporting_u64_max_cannot_starve_a_real_envoy() {
+    let tollgate = Tollgate::start(RULES, &[]);
+    let honest = gateway(tollgate.addr, "honest");
+    let start = Instant::now();
+    let until = start + Duration::from_secs(32);
+    let attack = grab(tollgate.addr, "k1", until);
+    let results = drive(honest.listener, "k1", 10, start, until)
+        .join()
+        .expect("present");
+    attack.join().expect("the attacker ran");
+    let ok = count(&results, 12, 32, 200);
+    eprintln!(
+        "an Envoy offering 10/s beside a u64::MAX report every second: {ok} admitted in 20 s"
+    );
+    // The claim counts as the bucket's rate (20/s): the Envoy's share is
+    // 20 x 10 / 30 = 6.7/s, 133 in 20 s. Before: 1 token an hour.
+    assert!(
+        (110..=220).contains(&ok),
+        "{ok} admitted in 20 s; its share is about 133"
     );
 }
 
