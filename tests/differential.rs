@@ -239,17 +239,7 @@ fn script_calls(shared: &Shared) -> u64 {
                 .arg("commandstats")
                 .query(&mut admin)
                 .expect("INFO");
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>()
+            common::redis::script_calls_in(&info)
         })
         .sum()
 }

@@ -191,19 +191,7 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
 
 /// Script calls Redis has run, from `INFO commandstats`.
 fn script_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    common::redis::script_calls_in(&redis.cli(&["INFO", "commandstats"]))
 }
 
 #[tokio::test]

@@ -357,6 +357,19 @@ async fn stream_of(
     })
 }
 
+/// How much `tollgate`'s RSS grew from `before` once `usages` bucket usages
+/// have been reported to it.
+fn grown_once_reported(tollgate: &Tollgate, before: u64, usages: u64) -> u64 {
+    tokio::task::block_in_place(|| {
+        wait_for(
+            &format!("{usages} bucket usages reported"),
+            Duration::from_secs(60),
+            || tollgate.metric("tollgate_rlqs_bucket_reports_total") == usages,
+        )
+    });
+    rss(tollgate.pid()).saturating_sub(before)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[allow(clippy::await_holding_lock)] // the guard only orders this binary's tests
 async fn memory_stays_under_its_ceiling_at_the_bucket_byte_and_pair_bounds() {
@@ -376,14 +389,8 @@ async fn memory_stays_under_its_ceiling_at_the_bucket_byte_and_pair_bounds() {
         })
         .collect();
     let call = stream_of(&mut sender, tollgate.addr, frames).await;
-    let t = &tollgate;
-    tokio::task::block_in_place(|| {
-        wait_for("3,000 buckets reported", Duration::from_secs(60), || {
-            t.metric("tollgate_rlqs_bucket_reports_total") == 3_000
-        })
-    });
+    let grown = grown_once_reported(&tollgate, before, 3_000);
     let kept = tollgate.metric("tollgate_rlqs_buckets");
-    let grown = rss(tollgate.pid()).saturating_sub(before);
     eprintln!(
         "3,000 buckets of 60 KB values: {kept} kept, RSS grew {} MB",
         grown / 1_000_000
@@ -407,14 +414,8 @@ async fn memory_stays_under_its_ceiling_at_the_bucket_byte_and_pair_bounds() {
         calls.push(stream_of(&mut sender, tollgate.addr, frames).await);
         senders.push(sender);
     }
-    let t = &tollgate;
-    tokio::task::block_in_place(|| {
-        wait_for("250,000 buckets reported", Duration::from_secs(60), || {
-            t.metric("tollgate_rlqs_bucket_reports_total") == 250_000
-        })
-    });
+    let grown = grown_once_reported(&tollgate, before, 250_000);
     let pairs = tollgate.metric("tollgate_rlqs_pairs");
-    let grown = rss(tollgate.pid()).saturating_sub(before);
     eprintln!(
         "250,000 buckets asked for: {pairs} pairs held, RSS grew {} MB",
         grown / 1_000_000

@@ -360,3 +360,20 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.calls(command)).sum()
     }
 }
+
+/// Script calls (`EVAL` and `EVALSHA`) counted in an `INFO commandstats`
+/// answer.
+pub fn script_calls_in(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
