@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
+use crate::rules::Unit;
 use crate::rules::{LoadOptions, load_sources};
 use crate::store::{MemoryStore, MemoryStoreOptions};
 

@@ -1,0 +1,132 @@
+//! Finishing: the store's outcomes (or its failure) turned into the
+//! decision.
+
+use std::sync::Arc;
+
+use super::{
+    AppliedLimit, Decision, LimitError, LimitStatus, Limiter, Plan, Planned, Status,
+    response_headers,
+};
+use crate::clock::Clock;
+use crate::store::{StoreError, refused};
+
+impl Limiter {
+    /// Turns the store's outcomes (or its failure) into the decision.
+    /// (The plan is borrowed: it is large, and moving it costs.)
+    pub(super) fn finish(
+        &self,
+        plan: &mut Plan,
+        failed: Option<StoreError>,
+    ) -> Result<Decision, LimitError> {
+        let Plan {
+            descriptors,
+            planned,
+            checks,
+            unlimited,
+        } = plan;
+        let descriptors = *descriptors;
+        if let Some(err) = failed {
+            if self.options.unavailable_on_store_error {
+                let err = LimitError::Unavailable(err);
+                self.count_error(&err);
+                return Err(err);
+            }
+            tracing::debug!(%err, "store failed; answering from failure modes");
+            self.apply_failure_modes(planned, checks);
+        }
+        let mut statuses = Vec::with_capacity(descriptors);
+        // `planned` and `unlimited` are in request order: walk them alongside.
+        let mut limits = planned.iter().zip(checks.iter()).peekable();
+        let mut unlimited = unlimited.iter().peekable();
+        for d in 0..descriptors {
+            let mut decided: Option<((bool, bool, u64), LimitStatus)> = None;
+            let mut others = Vec::new();
+            while let Some((plan, check)) = limits.next_if(|(p, _)| p.descriptor == d) {
+                let (allowed, remaining, reset) = match check.outcome {
+                    Some(o) => (o.allowed, o.remaining, o.wait),
+                    None => (true, plan.limit.requests_per_unit, 0),
+                };
+                self.count_decision(plan, check, allowed, remaining);
+                if !allowed {
+                    self.log_refusal(plan, check, check.enforced);
+                }
+                let status = LimitStatus {
+                    over_limit: !allowed && check.enforced,
+                    limit: applied(plan, &*self.clock),
+                    remaining,
+                    reset,
+                };
+                // The deciding limit: of those that refused (enforced before
+                // shadow), the one with the longest wait, which is what
+                // Retry-After says; else the one with the least left.
+                let rank = (
+                    !status.over_limit,
+                    allowed,
+                    if allowed {
+                        u64::from(remaining)
+                    } else {
+                        u64::MAX - status.reset
+                    },
+                );
+                match &decided {
+                    Some((best, _)) if *best <= rank => others.push(status),
+                    _ => others.extend(decided.replace((rank, status)).map(|(_, s)| s)),
+                }
+            }
+            let decided = decided.map(|(_, s)| s);
+            let is_unlimited = unlimited.next_if_eq(&&d).is_some();
+            statuses.push(match decided {
+                Some(s) => Status {
+                    over_limit: s.over_limit,
+                    limit: Some(s.limit),
+                    remaining: s.remaining,
+                    reset: s.reset,
+                    others,
+                },
+                None => Status {
+                    over_limit: false,
+                    limit: None,
+                    remaining: if is_unlimited { u32::MAX } else { 0 },
+                    reset: 0,
+                    others,
+                },
+            });
+        }
+        // The store's rule, quota mode included: what it refused, nothing spent.
+        let over_limit = refused(checks.iter());
+        let headers = if self.options.response_headers {
+            response_headers(&statuses, over_limit)
+        } else {
+            Vec::new()
+        };
+        Ok(Decision {
+            over_limit,
+            statuses,
+            headers,
+        })
+    }
+}
+
+fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
+    let (name, policy) = match &plan.rule {
+        Some(rule) => (rule.reported_name.clone(), rule.policy_name.clone()),
+        None => (Arc::from(""), Arc::from("override")),
+    };
+    AppliedLimit {
+        name,
+        policy,
+        requests_per_unit: plan.limit.requests_per_unit,
+        unit: plan.limit.unit,
+        from_request: plan.rule.is_none(),
+        window_seconds: match plan.limit.calendar {
+            None => plan.limit.period_seconds(),
+            Some(_) => {
+                // Only calendar windows need the time (a clock read costs).
+                let w = plan.limit.quota().window_at(clock.now());
+                (w.end - w.start)
+                    .div_ceil(crate::clock::NANOS_PER_SEC / crate::algorithm::NANOS_PER_TICK)
+            }
+        },
+        shadow: plan.shadow,
+    }
+}

@@ -1,0 +1,123 @@
+//! Planning: a request's descriptors resolved to limits, and the store
+//! checks they need.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::resolve::{drop_replaced, validate};
+use super::{LimitError, Limiter, Planned, Request};
+use crate::rules::{Limit, Rule};
+use crate::store::{Check, CounterKey};
+
+impl Limiter {
+    /// Resolves every descriptor to its limits (or none) and builds the
+    /// store checks, one per limit.
+    pub(super) fn plan(&self, request: &Request<'_>, plan: &mut Plan) -> Result<(), LimitError> {
+        validate(request, &self.options.bounds)?;
+        let rules = self.rules.load();
+        let hits_default = u64::from(request.hits_addend.max(1));
+        plan.descriptors = request.descriptors.len();
+        let Plan {
+            planned,
+            checks,
+            unlimited,
+            ..
+        } = plan;
+        let known_domain = rules.has_domain(request.domain);
+        for (d, descriptor) in request.descriptors.iter().enumerate() {
+            // As the reference: an unknown domain has no limits, even for overrides.
+            if !known_domain {
+                continue;
+            }
+            if let Some(o) = descriptor.limit_override {
+                // A limit sent by Envoy: per one unit, as the protocol means it.
+                let limit =
+                    Limit::per_unit(o.requests_per_unit, o.unit, self.options.default_algorithm);
+                self.plan_limit(
+                    (request, d),
+                    (None, limit, false),
+                    &[],
+                    hits_default,
+                    (planned, checks),
+                );
+                continue;
+            }
+            let Some(matched) = rules.lookup(request.domain, &descriptor.entries) else {
+                continue;
+            };
+            for rule in matched.rules {
+                let Some(limit) = rule.limit else {
+                    // `unlimited: true`: never counted; the reference reports the
+                    // most it can as remaining.
+                    unlimited.push(d);
+                    continue;
+                };
+                self.plan_limit(
+                    (request, d),
+                    (Some(rule.clone()), limit, rule.shadow_mode),
+                    &matched.shared,
+                    hits_default,
+                    (planned, checks),
+                );
+            }
+            let max = self.options.bounds.checks;
+            if checks.len() > max {
+                let e = LimitError::InvalidArgument(format!(
+                    "the request needs more than {max} limit checks (its descriptors' limits together); the bound is --max-checks"
+                ));
+                return Err(e);
+            }
+        }
+        drop_replaced(planned, checks);
+        Ok(())
+    }
+
+    /// Adds one limit of descriptor `d` to the plan, with its store check.
+    fn plan_limit(
+        &self,
+        (request, d): (&Request<'_>, usize),
+        (rule, limit, shadow): (Option<Arc<Rule>>, Limit, bool),
+        shared: &[(usize, &str)],
+        hits_default: u64,
+        (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
+    ) {
+        let descriptor = &request.descriptors[d];
+        let mut key = CounterKey::with_period(
+            request.domain,
+            limit.algorithm,
+            limit.unit,
+            limit.unit_multiplier,
+            limit.calendar.map(|z| z.name()),
+        );
+        for (i, (k, v)) in descriptor.entries.iter().enumerate() {
+            let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
+            key.entry(k, value);
+        }
+        let hits = descriptor.hits_addend.unwrap_or(hits_default);
+        // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
+        let enforced = !shadow && !self.options.shadow_mode;
+        let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
+        check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
+        check.lease = limit.lease;
+        checks.push(check);
+        planned.push(Planned {
+            descriptor: d,
+            rule,
+            limit,
+            shadow,
+        });
+    }
+}
+
+/// A request resolved to limits, ready for the store.
+#[derive(Default)]
+pub(super) struct Plan {
+    /// Descriptors in the request.
+    pub(super) descriptors: usize,
+    /// One per limit, in request order; `checks` is parallel to it.
+    pub(super) planned: SmallVec<[Planned; 4]>,
+    pub(super) checks: SmallVec<[Check; 4]>,
+    /// Descriptors matched to `unlimited: true` rules, in request order.
+    pub(super) unlimited: SmallVec<[usize; 2]>,
+}
