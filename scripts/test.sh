@@ -33,3 +33,13 @@ ensure_check_tools
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
 cargo test --no-fail-fast
+# Nothing the tests started outlives them (servers in statics used to: a
+# watchdog now ends them with the test process; it checks once a second).
+sleep 2
+left=$(pgrep -a -f 'redis-server 127\.0\.0\.1:|redis-sentinel|envoy/_bin/envoy|target/debug/tollgate serve' \
+    | grep -v '127\.0\.0\.1:6379' || true)
+if [ -n "$left" ]; then
+    echo "test.sh: these processes outlived the tests:" >&2
+    echo "$left" >&2
+    exit 1
+fi

@@ -109,6 +109,7 @@ impl RedisServer {
         }
         cmd.args(extra);
         let child = cmd.spawn().expect("start redis-server");
+        outlive_not(child.id(), &format!("127.0.0.1:{port}"));
         RedisServer {
             child: Some(child),
             port,
@@ -377,3 +378,24 @@ pub fn script_calls_in(commandstats: &str) -> u64 {
         })
         .sum()
 }
+
+/// Makes sure process `pid` (a server this test process started, whose
+/// command line shows `marker`) does not outlive the test process: a
+/// watchdog ends it once the test process is gone. Servers held in statics
+/// are never dropped, and a test run left them running (issue 24: four
+/// `redis-server`s after every `./scripts/test.sh`). The marker guards
+/// against a reused pid.
+pub fn outlive_not(pid: u32, marker: &str) {
+    let script = format!(
+        "while kill -0 {test} 2>/dev/null; do sleep 1; done; \
+         tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null | grep -qF -- '{marker}' && kill -9 {pid}",
+        test = std::process::id()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
