@@ -398,4 +398,3 @@ pub fn outlive_not(pid: u32, marker: &str) {
         .stderr(Stdio::null())
         .spawn();
 }
-
