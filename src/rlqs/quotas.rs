@@ -23,7 +23,6 @@ use super::share;
 use crate::clock::Nanos;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
-use crate::store::Store;
 
 /// One open stream.
 #[derive(Debug)]
@@ -125,7 +124,7 @@ impl Quotas {
     }
 
     pub(super) fn shared_store(&self) -> bool {
-        matches!(self.limiter.store(), Store::Redis(_))
+        self.limiter.store().shared()
     }
 
     /// Opens a stream for `client` (a name the client gave, or none) and

@@ -18,8 +18,7 @@ use super::options::DEMAND_STALE;
 use super::quotas::{Quotas, State};
 use super::share;
 use crate::clock::Nanos;
-use crate::store::Store;
-use crate::store::redis::QuotaExchange;
+use crate::store::QuotaExchange;
 
 /// Buckets walked under one hold of the lock.
 const TICK_CHUNK: usize = 1024;
@@ -37,7 +36,7 @@ impl Quotas {
             let names: Vec<Arc<str>> = state.buckets.keys().cloned().collect();
             (pushes, names)
         };
-        let shared = matches!(self.limiter.store(), Store::Redis(_));
+        let shared = self.limiter.store().shared();
         let mut exchanges = Vec::new();
         for chunk in names.chunks(TICK_CHUNK) {
             {
@@ -52,23 +51,25 @@ impl Quotas {
             }
             tokio::task::yield_now().await;
         }
-        if let Store::Redis(store) = self.limiter.store() {
-            let batch: Vec<QuotaExchange<'_>> = exchanges
-                .iter()
-                .map(|p| QuotaExchange {
-                    domain: &p.domain,
-                    entries: &p.entries,
-                    instance: &self.options.instance,
-                    weight: p.weight,
-                    admitted: p.admitted,
-                    window: p.window,
-                    now,
-                    stale: DEMAND_STALE,
-                })
-                .collect();
-            let results = store
-                .exchange_quotas(&batch, self.options.exchange_timeout)
-                .await;
+        let batch: Vec<QuotaExchange<'_>> = exchanges
+            .iter()
+            .map(|p| QuotaExchange {
+                domain: &p.domain,
+                entries: &p.entries,
+                instance: &self.options.instance,
+                weight: p.weight,
+                admitted: p.admitted,
+                window: p.window,
+                now,
+                stale: DEMAND_STALE,
+            })
+            .collect();
+        if let Some(results) = self
+            .limiter
+            .store()
+            .exchange_quotas(&batch, self.options.exchange_timeout)
+            .await
+        {
             let mut state = self.state.lock();
             for (pending, result) in exchanges.iter().zip(results) {
                 let Some(bucket) = state.buckets.get_mut(&pending.name) else {

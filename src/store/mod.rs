@@ -10,6 +10,7 @@ pub mod redis;
 pub use batch::{Check, Commits, decide_batch, refused};
 pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
+pub use redis::{QuotaExchange, QuotaTotals};
 
 use crate::clock::Nanos;
 
@@ -83,6 +84,26 @@ impl Store {
         match self {
             Store::Memory(store) => Some(store.decide(checks, now)),
             Store::Redis(_) => None,
+        }
+    }
+
+    /// Whether other Tollgate instances share this store (the quota
+    /// service then exchanges its buckets' weights and usage through it).
+    pub fn shared(&self) -> bool {
+        matches!(self, Store::Redis(_))
+    }
+
+    /// The quota service's exchange for `exchanges`, every bucket within
+    /// `within` (see [`redis::RedisStore::exchange_quotas`]); `None` for a
+    /// store no other instance shares.
+    pub async fn exchange_quotas(
+        &self,
+        exchanges: &[QuotaExchange<'_>],
+        within: std::time::Duration,
+    ) -> Option<Vec<Result<QuotaTotals, StoreError>>> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(store.exchange_quotas(exchanges, within).await),
         }
     }
 
