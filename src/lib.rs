@@ -8,7 +8,10 @@
 //! - [`limiter`]: matches a request's descriptors to rules and has the store
 //!   decide them together, all or nothing.
 //! - [`rules`]: YAML rule files, validated and compiled; descriptor matching.
-//! - [`store`]: where counters live (the embedded memory store).
+//! - [`store`]: where counters live: the embedded memory store, or Redis
+//!   (standalone, Sentinel, Cluster).
+//! - [`period`]: the time units of limits (a leaf: the stores' counter keys
+//!   carry one, and need nothing from [`rules`]).
 //! - [`algorithm`]: fixed window, sliding window, token bucket; pure, with
 //!   time passed in.
 //! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
@@ -21,6 +24,10 @@
 //! - [`metrics`]: every metric, in the Prometheus text format.
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
+//! - [`rlqs`]: Envoy's rate limit quota service (RLQS): shares of a bucket's
+//!   rate for Envoys that enforce them locally.
+//! - [`simulate`] and [`candidate`]: replaying traffic against rules offline,
+//!   and shadow evaluation of candidate rules on live traffic.
 //! - [`settings`] and [`server`]: the command line and the process around it.
 
 /// The version, as Cargo.toml says it.
@@ -44,6 +51,7 @@ pub mod limiter;
 pub mod logging;
 pub mod metrics;
 pub mod otel;
+pub mod period;
 pub mod reload;
 pub mod rlqs;
 pub mod rls;

@@ -250,7 +250,7 @@ proptest! {
 
 /// Every unit's period, in nanoseconds.
 fn any_period() -> impl Strategy<Value = Nanos> {
-    prop::sample::select(crate::rules::Unit::ALL.to_vec()).prop_map(|u| u.nanos())
+    prop::sample::select(crate::period::Unit::ALL.to_vec()).prop_map(|u| u.nanos())
 }
 
 /// Hits as a client may send them: small, near the limits, or anything.
@@ -282,7 +282,7 @@ proptest! {
     ) {
         let alg = Algorithm::ALL[alg];
         // Any multiple of a unit up to the longest period rules allow.
-        let period = (period * multiplier).min(crate::rules::MAX_PERIOD_SECONDS * NANOS_PER_SEC);
+        let period = (period * multiplier).min(crate::period::MAX_PERIOD_SECONDS * NANOS_PER_SEC);
         let q = Quota { budget, ..Quota::new(limit, period, burst) };
         let mut st = State::default();
         let mut now = 1_700_000_000 * NANOS_PER_SEC;

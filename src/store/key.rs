@@ -9,7 +9,7 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::Algorithm;
-use crate::rules::Unit;
+use crate::period::Unit;
 
 /// The canonical bytes of one counter's identity. Built on the stack for
 /// ordinary descriptors.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::algorithm::{Algorithm, Quota};
-use crate::rules::Unit;
+use crate::period::Unit;
 
 const SEC: Nanos = NANOS_PER_SEC;
 

@@ -128,7 +128,7 @@ pub(super) fn hash_tag(key: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::Unit;
+    use crate::period::Unit;
     use proptest::prelude::*;
     use redis::cluster_routing::Slot;
 

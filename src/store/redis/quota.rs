@@ -59,7 +59,7 @@ impl RedisStore {
     /// weight and what it admitted in the window, and answers the weight of
     /// every instance heard from within `stale`, and what all of them
     /// admitted in the window. The buckets of one Cluster slot go in one
-    /// call (at most [`EXCHANGE_CHUNK`]); every call together has `within`.
+    /// call (at most 256); every call together has `within`.
     /// The answers are in the order of `exchanges`.
     pub async fn exchange_quotas(
         &self,
