@@ -446,3 +446,14 @@ pub fn label_value(out: &mut String, value: &str) {
         }
     }
 }
+
+/// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
+pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
+    let mut labels = String::from("domain=\"");
+    label_value(&mut labels, domain);
+    labels.push('"');
+    for (i, key) in keys.enumerate() {
+        push_label(&mut labels, &format!("key{}", i + 1), key);
+    }
+    labels
+}

@@ -83,7 +83,7 @@ impl Limiter {
                     crate::metrics::truncated(&label, max).to_owned()
                 })
                 .collect();
-            let mut labels = crate::rules::metric_labels(
+            let mut labels = crate::metrics::metric_labels(
                 crate::metrics::truncated(parts.domain, max),
                 keys.iter().map(String::as_str),
             );

@@ -4,23 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_saphyr::{Location, Spanned};
+use serde_saphyr::Spanned;
 
-use super::file::{RawDescriptor, RawFile, RawRateLimit, parse};
+use super::file::{RawDescriptor, RawFile, RawRateLimit, at, parse};
 use super::glob::Glob;
 use super::matcher::{KeyRules, Level, Node};
 use super::{LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source};
-
-/// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
-pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
-    let mut labels = String::from("domain=\"");
-    crate::metrics::label_value(&mut labels, domain);
-    labels.push('"');
-    for (i, key) in keys.enumerate() {
-        crate::metrics::push_label(&mut labels, &format!("key{}", i + 1), key);
-    }
-    labels
-}
 
 /// Why two limits of one descriptor cannot both exist, if they cannot: the
 /// same policy name (headers and metrics could not tell them apart) or the
@@ -48,11 +37,6 @@ pub(super) struct Compiler {
     domains: hashbrown::HashMap<Box<str>, (Arc<PathBuf>, Level)>,
     rules: Vec<Arc<Rule>>,
     errors: Vec<RuleError>,
-}
-
-/// A node's line and column, when the parser knows them.
-pub(super) fn at(loc: &Location) -> Option<(u32, u32)> {
-    (loc.line() > 0).then(|| (loc.line() as u32, loc.column() as u32))
 }
 
 impl Compiler {
@@ -289,7 +273,8 @@ impl Compiler {
         if self.errors.len() > before {
             return None;
         }
-        let mut metric_labels = metric_labels(domain, levels.iter().map(String::as_str));
+        let mut metric_labels =
+            crate::metrics::metric_labels(domain, levels.iter().map(String::as_str));
         // One of several limits: told apart by its name, else its period.
         let policy_name = match (&name, &limit) {
             (Some(name), _) => name.clone(),

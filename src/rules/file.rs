@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_saphyr::Spanned;
+use serde_saphyr::{Location, Spanned};
 
 /// One YAML file.
 #[derive(Debug, Deserialize)]
@@ -147,6 +147,11 @@ pub(crate) fn parse(text: &str) -> Result<RawFile, Vec<ParseError>> {
     })
 }
 
+/// A node's line and column, when the parser knows them.
+pub(super) fn at(loc: &Location) -> Option<(u32, u32)> {
+    (loc.line() > 0).then(|| (loc.line() as u32, loc.column() as u32))
+}
+
 /// A parse error: where (line, column) when known, and what.
 pub(crate) type ParseError = (Option<(u32, u32)>, String);
 
@@ -221,10 +226,7 @@ fn parse_once(text: &str) -> Result<RawFile, ParseError> {
             })
         })
         .map_err(|e| {
-            let at = e
-                .location()
-                .filter(|l| l.line() > 0)
-                .map(|l| (l.line() as u32, l.column() as u32));
+            let at = e.location().as_ref().and_then(at);
             let mut message = e.to_string();
             // The location goes in front, as file:line:column; drop the copy.
             if let Some(i) = message.rfind(" at line ") {

@@ -3,8 +3,8 @@
 //! failure mode, unit multiplier, calendar, budget). Every problem is
 //! reported with its place; `None` means at least one was.
 
-use super::compile::at;
 use super::file::RawRateLimit;
+use super::file::at;
 use super::{FailureMode, Limit, LoadOptions, MAX_PERIOD_SECONDS, Unit};
 use crate::algorithm::Algorithm;
 use crate::calendar::Zone;

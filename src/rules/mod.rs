@@ -22,7 +22,6 @@ use crate::calendar::{Calendar, Zone};
 use crate::clock::NANOS_PER_SEC;
 
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
-pub(crate) use compile::metric_labels;
 pub use error::{RuleError, RuleErrors};
 pub use load::{LoadOptions, load_paths, load_sources, rule_files};
 pub use matcher::{Matched, WalkedEntries};
