@@ -271,10 +271,10 @@ impl Quotas {
                     self.metrics.buckets_refused.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                state.bucket_bytes += bytes;
                 if self.over_stream_bounds(stream.buckets.len(), state.pairs) {
                     continue;
                 }
+                state.bucket_bytes += bytes;
                 state.buckets.insert(
                     usage.name.clone(),
                     Bucket::new(domain, usage.entries.clone(), resolved),

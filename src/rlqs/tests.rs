@@ -564,6 +564,14 @@ fn buckets_nobody_reports_expire_and_junk_fills_nothing() {
     q.report(other, &report(keys)).expect("present");
     assert_eq!(q.to_json(0)["buckets_total"], 100);
     assert_eq!(q.to_json(0)["pairs"], 150, "the other stream holds 50");
+    // Refused buckets take no bytes: what is held is the 100 kept ones.
+    let held: usize = (0..100)
+        .map(|i| {
+            let entries = [("api_key".to_string(), format!("junk{i}"))];
+            super::bucket::Bucket::bytes_of(&super::bucket::bucket_name("rlqs", &entries))
+        })
+        .sum();
+    assert_eq!(q.to_json(0)["bucket_bytes"].as_u64(), Some(held as u64));
     // The junk stream stays open and idle: its buckets expire all the same,
     // and a new API key gets its assignment.
     clock.advance(Duration::from_secs(16));
