@@ -158,7 +158,8 @@ pub(super) struct Bucket {
 impl Bucket {
     /// A bucket that `resolved` says something about.
     pub(super) fn new(domain: &str, entries: Vec<(String, String)>, resolved: Resolved) -> Self {
-        let mut bucket = Bucket {
+        // Split when its first client joins.
+        Bucket {
             domain: domain.to_owned(),
             entries,
             resolved,
@@ -167,9 +168,7 @@ impl Bucket {
             global: OtherInstances::default(),
             split: Split::new(0.0, &[], 0.0, 0.0),
             split_at: 0,
-        };
-        bucket.resplit(0, 0.0);
-        bucket
+        }
     }
 
     /// What a bucket named `name` takes beside its fixed size: its name

@@ -202,8 +202,9 @@ impl Quotas {
                 if let Some(name) = &stream.name {
                     bucket.depart(name.clone(), member.demand);
                 }
-                // Divided again by the next report or tick (at most 10 ms
-                // stale): a thousand streams closing cost O(1) each.
+                // Divided again now only if the split is older than its
+                // refresh interval (else by the next report or tick): a
+                // thousand streams closing do not each split the bucket.
                 bucket.refresh(now, self.options.min_share);
             }
         }
@@ -316,7 +317,7 @@ impl Quotas {
             if joined {
                 state.pairs += 1;
                 stream.buckets.insert(usage.name.clone());
-                if bucket.members.len() == 1 {
+                if bucket.members.len() == 1 && !fresh_split {
                     bucket.resplit(now, self.options.min_share);
                     fresh_split = true;
                 }

@@ -36,7 +36,7 @@ impl Quotas {
             let names: Vec<Arc<str>> = state.buckets.keys().cloned().collect();
             (pushes, names)
         };
-        let shared = self.limiter.store().shared();
+        let shared = self.shared_store();
         let mut exchanges = Vec::new();
         for chunk in names.chunks(TICK_CHUNK) {
             {
@@ -111,7 +111,9 @@ impl Quotas {
             {
                 let mut state = self.state.lock();
                 for name in chunk {
-                    self.assign(&mut state, name, now, &mut pushes);
+                    // The split made while expiring is current unless other
+                    // instances' weights came in since.
+                    self.assign(&mut state, name, now, shared, &mut pushes);
                 }
             }
             tokio::task::yield_now().await;
@@ -133,19 +135,22 @@ impl Quotas {
         }
     }
 
-    /// Divides bucket `name`'s rate again and queues, per stream, every
-    /// assignment that moved.
+    /// Divides bucket `name`'s rate again (when `resplit`) and queues, per
+    /// stream, every assignment that moved.
     fn assign(
         &self,
         state: &mut State,
         name: &Arc<str>,
         now: Nanos,
+        resplit: bool,
         pushes: &mut HashMap<u64, Vec<BucketAction>>,
     ) {
         let Some(bucket) = state.buckets.get_mut(name) else {
             return;
         };
-        bucket.resplit(now, self.options.min_share);
+        if resplit {
+            bucket.resplit(now, self.options.min_share);
+        }
         let moved: Vec<(u64, share::Assignment)> = bucket
             .members
             .iter()
