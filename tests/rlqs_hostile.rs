@@ -110,14 +110,7 @@ async fn streams_that_send_only_a_prefix_hold_no_reserved_memory_and_time_out() 
     for _ in 0..10 {
         let mut sender = h2(tollgate.addr, 65_535).await;
         for _ in 0..200 {
-            let body: Chunks = Box::pin(futures_util::StreamExt::chain(
-                futures_util::stream::iter([Ok(Frame::data(prefix.clone()))]),
-                futures_util::stream::pending(),
-            ));
-            sender.ready().await.expect("ready");
-            held.push(tokio::spawn(
-                sender.send_request(quota_call(tollgate.addr, body)),
-            ));
+            held.push(stream_of(&mut sender, tollgate.addr, vec![prefix.clone()]).await);
         }
         senders.push(sender);
     }
@@ -266,10 +259,7 @@ async fn ten_thousand_quota_streams_leave_should_rate_limit_latency_alone() {
                     Some((Ok(Frame::data(message)), n + 1))
                 }
             }));
-            sender.ready().await.expect("ready");
-            held.push(tokio::spawn(
-                sender.send_request(quota_call(tollgate.addr, body)),
-            ));
+            held.push(open_stream(&mut sender, tollgate.addr, body).await);
         }
         senders.push(sender);
     }
@@ -348,6 +338,16 @@ async fn stream_of(
         futures_util::stream::iter(frames.into_iter().map(|f| Ok(Frame::data(f)))),
         futures_util::stream::pending(),
     ));
+    open_stream(sender, addr, body).await
+}
+
+/// Opens a quota stream on `sender` whose request body is `body`, reading
+/// its answers.
+async fn open_stream(
+    sender: &mut hyper::client::conn::http2::SendRequest<StreamBody<Chunks>>,
+    addr: SocketAddr,
+    body: Chunks,
+) -> tokio::task::JoinHandle<()> {
     sender.ready().await.expect("ready");
     let response = sender.send_request(quota_call(addr, body));
     tokio::spawn(async move {
