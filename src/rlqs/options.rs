@@ -50,7 +50,7 @@ pub struct QuotaOptions {
     /// answered.
     pub max_buckets_per_stream: usize,
     /// The most (stream, bucket) pairs held at once, all streams together:
-    /// what the tables grow with (about 770 bytes of RSS each, measured).
+    /// what the tables grow with (770 to 1,200 bytes of RSS each, measured).
     pub max_pairs: usize,
     /// Bytes of answers and pushes a stream may have waiting; a stream that
     /// does not read past it is ended (RESOURCE_EXHAUSTED).

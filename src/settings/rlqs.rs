@@ -46,7 +46,7 @@ pub struct RlqsArgs {
     pub max_buckets_per_stream: usize,
 
     /// Quota service: the most (stream, bucket) pairs held at once, every
-    /// stream together (what memory grows with: about 770 bytes of RSS each,
+    /// stream together (what memory grows with: 770 to 1,200 bytes of RSS each,
     /// measured with 200,000).
     #[arg(id = "rlqs_max_pairs", value_name = "RLQS_MAX_PAIRS", long = "rlqs-max-pairs", env = "TOLLGATE_RLQS_MAX_PAIRS", default_value_t = 500_000, value_parser = at_least_one)]
     pub max_pairs: usize,
