@@ -6,6 +6,9 @@
 //!
 //! Run: `cargo bench --bench memory_store`
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;

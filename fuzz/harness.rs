@@ -107,7 +107,7 @@ pub(crate) fn request_bytes(data: &[u8]) {
     };
     let clock = ManualClock::new(1_700_000_000 * NANOS_PER_SEC);
     let limiter = limiter(&clock);
-    if let Ok(domain) = tollgate::rls::to_domain(&request) {
+    if let Ok(domain) = tollgate::to_domain(&request) {
         let _ = limiter.decide_now(&domain);
         let _ = limiter.decide_now(&domain);
     }
@@ -115,12 +115,12 @@ pub(crate) fn request_bytes(data: &[u8]) {
 
 /// An arbitrary `/json` body, through the limiter.
 pub(crate) fn json_body(data: &[u8]) {
-    let Ok(request) = tollgate::admin::request_from_json(data) else {
+    let Ok(request) = tollgate::request_from_json(data) else {
         return;
     };
     let clock = ManualClock::new(1_700_000_000 * NANOS_PER_SEC);
     let limiter = limiter(&clock);
-    if let Ok(domain) = tollgate::rls::to_domain(&request) {
+    if let Ok(domain) = tollgate::to_domain(&request) {
         let _ = limiter.decide_now(&domain);
     }
 }

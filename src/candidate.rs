@@ -56,7 +56,7 @@ struct Counts {
 
 /// The candidate rules and what they would have done.
 #[derive(Debug)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     limiter: Arc<Limiter>,
     counts: Mutex<Counts>,
     /// The last report rendered, and when: concurrent and repeated requests
@@ -67,7 +67,7 @@ pub struct Candidate {
 impl Candidate {
     /// Candidate `rules`, on their own memory store (bounded as the live
     /// one is: `store`) with `clock`.
-    pub fn new(
+    pub(crate) fn new(
         rules: RuleSet,
         clock: Arc<dyn Clock>,
         options: LimiterOptions,
@@ -91,13 +91,13 @@ impl Candidate {
     }
 
     /// The candidate limiter (for reloads and its sweep).
-    pub fn limiter(&self) -> &Arc<Limiter> {
+    pub(crate) fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
     }
 
     /// Decides `request` under the candidate rules, and counts it against
     /// the live answer (`live_refused`).
-    pub fn observe(&self, request: &Request<'_>, live_refused: bool) {
+    pub(crate) fn observe(&self, request: &Request<'_>, live_refused: bool) {
         // The memory store always answers at once.
         let Some(Ok(decision)) = self.limiter.decide_now(request) else {
             return;
@@ -177,7 +177,7 @@ impl Candidate {
     }
 
     /// The `tollgate_candidate_*` metrics.
-    pub fn render_metrics(&self, out: &mut String) {
+    pub(crate) fn render_metrics(&self, out: &mut String) {
         let counts = self.counts.lock();
         // (name, help, value of one rule's counts)
         type Series = (&'static str, &'static str, fn(&RuleCounts) -> u64);
@@ -219,7 +219,7 @@ impl Candidate {
 
     /// The last hour as a simulation outcome (bins of 10 s ending now):
     /// every rule, or the `most` that refused most.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         self.outcome_of(usize::MAX)
     }
 
@@ -284,7 +284,7 @@ impl Candidate {
     }
 
     /// `/candidate`: totals since start and the last hour, per rule.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let hour = self.outcome();
         let counts = self.counts.lock();
         let rules: Vec<serde_json::Value> = counts
@@ -314,7 +314,7 @@ impl Candidate {
     /// `/candidate/report.html`: the last hour's plots, of the
     /// [`REPORT_RULES`] rules that refused most, rendered at most once per
     /// [`REPORT_FOR`] (requests meanwhile get the same page).
-    pub fn report_html(&self) -> Arc<str> {
+    pub(crate) fn report_html(&self) -> Arc<str> {
         let mut cached = self.report.lock();
         if let Some((at, page)) = cached.as_ref()
             && at.elapsed() < REPORT_FOR

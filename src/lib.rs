@@ -42,23 +42,50 @@ pub const LONG_VERSION: &str = concat!(
     ")"
 );
 
-pub mod admin;
+// The public surface: the pure algorithms, time, the rules, the limiter and
+// the stores, which a program embedding Tollgate's decisions needs; and, at
+// the root, what the `tollgate` binary and the load tools run. Everything
+// else is the crate's own, so the unreachable-pub and dead-code lints see
+// it.
 pub mod algorithm;
-pub mod calendar;
-pub mod candidate;
 pub mod clock;
 pub mod limiter;
-pub mod logging;
-pub mod metrics;
-pub mod otel;
-pub mod period;
-pub mod reload;
-pub mod rlqs;
-pub mod rls;
 pub mod rules;
-pub mod server;
-pub mod settings;
-pub mod simulate;
-pub mod stats;
 pub mod store;
-pub mod xds;
+
+pub(crate) mod admin;
+pub(crate) mod calendar;
+pub(crate) mod candidate;
+pub(crate) mod logging;
+pub(crate) mod metrics;
+pub(crate) mod otel;
+pub(crate) mod period;
+pub(crate) mod reload;
+pub(crate) mod rlqs;
+pub(crate) mod rls;
+pub(crate) mod server;
+pub(crate) mod settings;
+pub(crate) mod simulate;
+pub(crate) mod stats;
+pub(crate) mod xds;
+
+pub use admin::request_from_json;
+pub use logging::init as init_logging;
+pub use rls::{UnaryBody, to_domain};
+pub use server::{DRAIN_TIMEOUT, bind_grpc, serve_from_settings};
+pub use settings::{CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, ServeArgs, unknown_env};
+pub use simulate::run_cli as run_simulate;
+
+/// What the integration tests drive directly (with the `test-util`
+/// feature, which the crate's own dev-dependency turns on): not part of
+/// the API.
+#[cfg(feature = "test-util")]
+pub mod test_util {
+    pub use crate::reload::Reloader;
+    pub use crate::rlqs::{QuotaOptions, Quotas};
+    pub use crate::stats::statsd::MAX_DATAGRAM;
+    pub use crate::xds::resource::TYPE_URL;
+    pub use crate::xds::resource::pb::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+}

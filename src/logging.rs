@@ -27,10 +27,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// The target of h2's protocol-error events.
-pub const REFUSED_TARGET: &str = "h2::refused";
+pub(crate) const REFUSED_TARGET: &str = "h2::refused";
 
 /// The shortest time between two warnings about refused calls.
-pub const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The longest refusal reason kept for the log.
 const MAX_REASON_BYTES: usize = 300;
@@ -72,7 +72,7 @@ static REFUSALS: Summarised = Summarised::new();
 static REDIS_WARNINGS: Summarised = Summarised::new();
 
 /// gRPC streams and connections refused at the protocol level so far.
-pub fn refused_total() -> u64 {
+pub(crate) fn refused_total() -> u64 {
     REFUSALS.count.load(Ordering::Relaxed)
 }
 

@@ -5,9 +5,7 @@ use std::process::ExitCode;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use tollgate::rules::load_paths;
-use tollgate::settings::{
-    CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, ServeArgs, unknown_env,
-};
+use tollgate::{CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, ServeArgs, unknown_env};
 
 fn main() -> ExitCode {
     // Run as `ratelimit` (Envoy Gateway's `/bin/ratelimit`, a link to this
@@ -73,7 +71,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Simulate(args) => {
             let simulation = args.simulation();
-            match tollgate::simulate::main(
+            match tollgate::run_simulate(
                 &simulation,
                 args.out.as_deref(),
                 args.save_traffic.as_deref(),
@@ -165,11 +163,11 @@ fn check(args: CheckArgs) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    if let Err(e) = tollgate::logging::init(&args.log_level, args.log_format == LogFormat::Json) {
+    if let Err(e) = tollgate::init_logging(&args.log_level, args.log_format == LogFormat::Json) {
         eprintln!("tollgate: {e}; not starting");
         return ExitCode::FAILURE;
     }
-    match tollgate::server::start(&args) {
+    match tollgate::serve_from_settings(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tollgate: {e}");

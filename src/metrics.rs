@@ -415,7 +415,7 @@ impl Metrics {
 }
 
 /// `value` cut to at most `max` bytes, on a character boundary.
-pub fn truncated(value: &str, max: usize) -> &str {
+pub(crate) fn truncated(value: &str, max: usize) -> &str {
     if value.len() <= max {
         return value;
     }
@@ -427,7 +427,7 @@ pub fn truncated(value: &str, max: usize) -> &str {
 }
 
 /// Appends `,name="value"` to a label set.
-pub fn push_label(out: &mut String, name: &str, value: &str) {
+pub(crate) fn push_label(out: &mut String, name: &str, value: &str) {
     out.push(',');
     out.push_str(name);
     out.push_str("=\"");
@@ -436,7 +436,7 @@ pub fn push_label(out: &mut String, name: &str, value: &str) {
 }
 
 /// Escapes a Prometheus label value.
-pub fn label_value(out: &mut String, value: &str) {
+pub(crate) fn label_value(out: &mut String, value: &str) {
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

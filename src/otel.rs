@@ -47,7 +47,7 @@ pub struct OtelOptions {
 }
 
 /// The tracer, and the runtime its exporter runs on.
-pub struct Otel {
+pub(crate) struct Otel {
     tracer: SdkTracer,
     provider: SdkTracerProvider,
     runtime: Option<tokio::runtime::Runtime>,
@@ -61,7 +61,7 @@ impl std::fmt::Debug for Otel {
 
 impl Otel {
     /// Starts the exporter; the error says what is wrong with the options.
-    pub fn start(options: &OtelOptions) -> Result<Self, String> {
+    pub(crate) fn start(options: &OtelOptions) -> Result<Self, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("tollgate-otel")
@@ -120,7 +120,7 @@ impl Otel {
     }
 
     /// A span for one ShouldRateLimit call, child of what `headers` carry.
-    pub fn request_span(
+    pub(crate) fn request_span(
         &self,
         headers: &http::HeaderMap,
         domain: &str,
@@ -145,7 +145,7 @@ impl Otel {
     }
 
     /// The store call of a request, as a child span.
-    pub fn store_span(
+    pub(crate) fn store_span(
         &self,
         request: &RequestSpan,
         start: SystemTime,
@@ -165,7 +165,7 @@ impl Otel {
     }
 
     /// Sends what is buffered (at shutdown).
-    pub fn shutdown(mut self) {
+    pub(crate) fn shutdown(mut self) {
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
         if let Some(runtime) = self.runtime.take() {
@@ -175,14 +175,14 @@ impl Otel {
 }
 
 /// An open request span.
-pub struct RequestSpan {
+pub(crate) struct RequestSpan {
     cx: Context,
 }
 
 impl RequestSpan {
     /// Ends the span with the call's outcome: the overall code
     /// (`OK`/`OVER_LIMIT`), or the gRPC error.
-    pub fn finish(self, outcome: Result<&'static str, &str>) {
+    pub(crate) fn finish(self, outcome: Result<&'static str, &str>) {
         let span = self.cx.span();
         match outcome {
             Ok(code) => span.set_attribute(KeyValue::new("ratelimit.overall_code", code)),

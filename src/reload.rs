@@ -21,6 +21,7 @@ use crate::rules::{LoadOptions, RuleErrors, load_paths, rule_files};
 
 /// Reloads the limiter's rules from their paths.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Reloader {
     paths: Vec<PathBuf>,
     options: LoadOptions,
@@ -33,6 +34,7 @@ pub struct Reloader {
 
 impl Reloader {
     /// A reloader for `limiter`, whose rules were just loaded from `paths`.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn new(paths: Vec<PathBuf>, options: LoadOptions, limiter: Arc<Limiter>) -> Self {
         let reloader = Self {
             paths,
@@ -67,7 +69,7 @@ impl Reloader {
 
     /// Loads the rules now. On success they replace the rules in force; on
     /// failure the rules in force stay and the errors are returned.
-    pub fn reload(&self, why: &str) -> Result<(), RuleErrors> {
+    pub(crate) fn reload(&self, why: &str) -> Result<(), RuleErrors> {
         *self.seen.lock() = self.fingerprint();
         match load_paths(&self.paths, &self.options) {
             Ok(rules) => {
@@ -96,6 +98,7 @@ impl Reloader {
     /// at the previous look. Returns whether a reload was attempted. Reads
     /// every rule file: the server calls it on a blocking thread every
     /// `--watch-interval`.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn poll(&self) -> bool {
         let now = self.fingerprint();
         let mut settling = self.settling.lock();

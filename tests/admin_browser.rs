@@ -2,6 +2,9 @@
 //! another origin that POSTs to `/json` cannot spend anyone's budget, and a
 //! page on a rebound host name cannot read the admin endpoints.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};

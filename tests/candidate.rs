@@ -1,6 +1,8 @@
 //! Candidate rules (`serve --candidate-rules`): evaluated beside the live
 //! rules, never changing the answer, counted per rule, reloaded.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
 #![allow(missing_docs)]
 
 mod common;

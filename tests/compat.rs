@@ -2,6 +2,9 @@
 //! (`../shared/compat/envoy-ratelimit/`): which files load, which are refused
 //! and what the error names, and which limit each descriptor gets.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;

@@ -3,6 +3,9 @@
 //! the limiter with a manual clock. After each Redis scenario, a SCAN of every
 //! key finds none without an expiry.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::path::PathBuf;

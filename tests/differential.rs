@@ -9,6 +9,9 @@
 //! times. Bursts of concurrent requests, which Redis decides in shared script
 //! calls, must match the same requests decided one by one.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::path::PathBuf;

@@ -2,6 +2,9 @@
 //! by Envoy, and HTTP and TCP traffic through them is limited by a real
 //! `tollgate serve` (memory store, or Redis shared by two gateways).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};

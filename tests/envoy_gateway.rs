@@ -6,6 +6,9 @@
 //! through a statsd-exporter mapping on PROMETHEUS_ADDR, as Envoy Gateway's
 //! dashboards read them. And the older generation (up to 1.1): statsd.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::Read;
@@ -17,9 +20,7 @@ use common::redis::{RedisServer, free_port};
 use common::tls::{Pki, client_config, tls_call};
 use common::xds::{ServerTls, XdsServer};
 use common::{Tollgate, ask, request};
-use tollgate::xds::resource::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-};
+use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 /// A statsd-exporter mapping with the shapes Envoy Gateway's
 /// `statsd_conf.yaml` uses: globs for one key, a regex for two or more,
@@ -350,7 +351,7 @@ async fn the_older_generation_reads_statsd_over_tcp_and_dogstatsd_over_udp() {
         assert!(Instant::now() < deadline, "{want}; got:\n{text}");
         let mut buf = [0u8; 2048];
         if let Ok(n) = socket.recv(&mut buf) {
-            assert!(n <= tollgate::stats::statsd::MAX_DATAGRAM, "{n}");
+            assert!(n <= tollgate::test_util::MAX_DATAGRAM, "{n}");
             text.push_str(&String::from_utf8_lossy(&buf[..n]));
             text.push('\n');
         }

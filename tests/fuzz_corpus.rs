@@ -3,6 +3,9 @@
 //! same harness the fuzzers run, on the stable toolchain. The long campaign
 //! is `scripts/fuzz.sh`.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 #[path = "../fuzz/harness.rs"]
 mod harness;
 

@@ -2,6 +2,9 @@
 //! shadow mode, hits_addend, the limit override, malformed requests,
 //! concurrency, health and shutdown.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use common::{Tollgate, ask, descriptor, request};
@@ -254,7 +257,7 @@ async fn health_reports_serving_and_sigterm_exits_cleanly() {
     let exit = server.child.wait().expect("wait");
     assert!(exit.success(), "graceful exit: {exit:?}");
     assert!(
-        started.elapsed() < tollgate::server::DRAIN_TIMEOUT,
+        started.elapsed() < tollgate::DRAIN_TIMEOUT,
         "closed connections drain at once, not at the drain timeout"
     );
 }

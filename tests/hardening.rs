@@ -2,6 +2,9 @@
 //! requests, connections that never speak, streams that never end, slow
 //! admin clients, metric label floods, and the settings a platform injects.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};
@@ -580,9 +583,9 @@ fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
     use std::sync::Arc;
     use tollgate::clock::ManualClock;
     use tollgate::limiter::{Limiter, LimiterOptions};
-    use tollgate::reload::Reloader;
     use tollgate::rules::{LoadOptions, load_paths};
     use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+    use tollgate::test_util::Reloader;
 
     let rules = |keys: &[&str]| {
         let mut text = String::from("domain: r\ndescriptors:\n");

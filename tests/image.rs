@@ -9,6 +9,9 @@
 //! (`cargo test --test image -- --ignored`). They need root (buildah's
 //! chroot isolation).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -20,9 +23,7 @@ use common::envoy::{http, http_with_body};
 use common::redis::{RedisServer, free_port};
 use common::tls::{Pki, client_config, tls_call};
 use common::xds::{ServerTls, XdsServer};
-use tollgate::xds::resource::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-};
+use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 const IMAGE: &str = concat!("ghcr.io/tollgate/tollgate:", env!("CARGO_PKG_VERSION"));
 /// The runtime base's `nonroot`.

@@ -4,6 +4,9 @@
 //! `:authority`. And the EnvoyFilter and ConfigMap in examples/kubernetes,
 //! read from the files themselves, enforce their limits.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;

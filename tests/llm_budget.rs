@@ -5,6 +5,9 @@
 //! is refused once the budget is spent. The model API is a local stand-in
 //! that answers with `x-usage-tokens` set from the request.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader, Write};

@@ -4,6 +4,9 @@
 //! validates the built manifests against the Kubernetes schemas and a policy
 //! scanner.)
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Command;
 

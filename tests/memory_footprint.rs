@@ -1,6 +1,9 @@
 //! Resident memory per active key in the memory store, measured as this
 //! process's RSS growth (its own test binary, so nothing else allocates).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 use tollgate::algorithm::{Algorithm, Quota};
 use tollgate::clock::NANOS_PER_SEC;
 use tollgate::rules::Unit;

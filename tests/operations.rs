@@ -2,6 +2,9 @@
 //! SIGHUP), admin HTTP (/healthcheck, /json, /metrics, /rlconfig), global
 //! shadow mode, refusal logs, and the settings a reference Deployment uses.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

@@ -3,6 +3,9 @@
 //! path that only exists in the checkout, and `check` passing what `serve`
 //! will not be ready with.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,6 +3,9 @@
 //! answered; a call refused at the protocol level is counted and logged,
 //! rate limited. And a second `tollgate serve` cannot share a taken port.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};

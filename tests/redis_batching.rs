@@ -11,6 +11,9 @@
 //! deadline time out, and the queue recovers. (That shared calls decide
 //! exactly as one call per request is `tests/differential.rs`.)
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::path::PathBuf;

@@ -6,6 +6,9 @@
 //! Limits are far above the traffic and the failure mode is `deny`, so every
 //! refusal is a failure-mode answer.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

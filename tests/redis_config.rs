@@ -4,6 +4,9 @@
 //! password, a missing client certificate and a closed port each reported
 //! as what they are, and the first two failing readiness.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};

@@ -3,6 +3,9 @@
 //! failure mode), and keys known to be over their limit stay refused while
 //! Redis is down.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::process::Command;

@@ -4,6 +4,9 @@
 //! after `SENTINEL FAILOVER` requests decided on the new master within
 //! seconds, with the counters the replica had.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};

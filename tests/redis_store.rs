@@ -3,6 +3,9 @@
 //! modes, recovery after a restart that lost the scripts, the reference's
 //! UNAVAILABLE mode, the local fallback and the over-limit cache.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

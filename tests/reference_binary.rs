@@ -2,6 +2,9 @@
 //! Gateway's Deployment runs): no arguments, the reference's defaults and
 //! variables, and none of them silently ignored.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;

@@ -2,6 +2,8 @@
 //! through a real Redis and Redis Cluster, and real Envoy 1.40 gateways
 //! using the rate_limit_quota filter (`envoy/rlqs.yaml`).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
 #![allow(missing_docs)]
 
 mod common;
@@ -25,7 +27,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limiter::{Limiter, LimiterOptions};
-use tollgate::rlqs::{QuotaOptions, Quotas};
+use tollgate::test_util::{QuotaOptions, Quotas};
 use tollgate::rules::{LoadOptions, load_sources};
 use tollgate::store::Store;
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -56,13 +58,9 @@ fn instance(target: RedisTarget, clock: &ManualClock, name: &str) -> Arc<Quotas>
         Arc::new(clock.clone()),
         LimiterOptions::default(),
     ));
-    Arc::new(Quotas::new(
-        limiter,
-        QuotaOptions {
-            instance: name.into(),
-            ..QuotaOptions::default()
-        },
-    ))
+    let mut options = QuotaOptions::default();
+    options.instance = name.into();
+    Arc::new(Quotas::new(limiter, options))
 }
 
 fn report(
@@ -250,13 +248,7 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
         "{calls} script calls for one tick of 3,001 buckets"
     );
     for q in [&one, &two] {
-        assert_eq!(
-            q.metrics
-                .store_errors
-                .load(std::sync::atomic::Ordering::Relaxed),
-            0,
-            "every exchange answered"
-        );
+        assert_eq!(q.store_errors(), 0, "every exchange answered");
     }
     clock.advance(Duration::from_millis(10));
     let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
@@ -274,12 +266,7 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
     let r = two.report(p, &report(&plan, 1, 0, 5)).expect("present");
     assert_ne!(assignment(&r), "deny", "the next window starts afresh");
     two.tick().await;
-    assert_eq!(
-        two.metrics
-            .store_errors
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(two.store_errors(), 0);
 }
 
 #[tokio::test]

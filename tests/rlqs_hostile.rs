@@ -4,6 +4,8 @@
 //! streams. The tests of this binary run one at a time (they measure
 //! memory and latency).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
 #![allow(missing_docs)]
 
 mod common;

@@ -2,6 +2,8 @@
 //! shipped Envoy configuration and rules, checked against refusals computed
 //! here with the pure algorithms; the report; generated and saved traffic.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
 #![allow(missing_docs)]
 
 use std::collections::HashMap;

@@ -2,6 +2,9 @@
 //! whatever the host's zoneinfo says (issue 22: a crafted TZDIR moved a New
 //! York day to Tokyo's midnight).
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use common::Tollgate;

@@ -1,6 +1,9 @@
 //! TLS and mutual TLS on the gRPC and admin listeners, with certificates
 //! made by `openssl`, and a renewed certificate picked up without a restart.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;

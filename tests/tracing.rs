@@ -4,6 +4,9 @@
 //! descriptor count and the overall code, and a child span for the store
 //! call; configured by Tollgate's flags or the reference's variables.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::convert::Infallible;

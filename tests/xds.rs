@@ -4,6 +4,9 @@
 //! NACKs one that does not load (keeping the rules in force), and
 //! reconnects to a restarted server with the version it holds.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -13,9 +16,7 @@ use common::envoy::http;
 use common::tls::Pki;
 use common::xds::{ServerTls, XdsServer};
 use common::{Tollgate, ask, request};
-use tollgate::xds::resource::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
-};
+use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 fn config(name: &str, limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
     RateLimitConfig {

@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 
 /// The admin port's browser rules.
 #[derive(Debug, Default)]
-pub struct Access {
+pub(crate) struct Access {
     /// Host names served besides IP addresses and `localhost`, lowercase;
     /// `*` serves any.
     pub hosts: Vec<String>,
@@ -38,7 +38,7 @@ pub struct Access {
 
 impl Access {
     /// The rules, with no request refused yet.
-    pub fn new(hosts: Vec<String>, json: bool) -> Self {
+    pub(crate) fn new(hosts: Vec<String>, json: bool) -> Self {
         Self {
             hosts,
             json,

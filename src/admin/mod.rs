@@ -5,7 +5,7 @@
 mod guard;
 mod json;
 
-pub use guard::Access;
+pub(crate) use guard::Access;
 pub use json::request_from_json;
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use crate::store::Store;
 
 /// Whether this instance should receive traffic.
 #[derive(Debug, Default)]
-pub struct Health {
+pub(crate) struct Health {
     draining: AtomicBool,
     /// Why the rules are not ready yet (waiting for the first from xDS).
     rules_pending: parking_lot::Mutex<Option<String>>,
@@ -40,25 +40,25 @@ impl Health {
     /// Rules come from elsewhere (xDS): until [`Health::rules_applied`],
     /// health fails with `reason`, unless `ready_at_once`; an empty rule
     /// set is a valid state from now on.
-    pub fn rules_from_server(&self, reason: &str, ready_at_once: bool) {
+    pub(crate) fn rules_from_server(&self, reason: &str, ready_at_once: bool) {
         self.empty_rules_ok.store(true, Ordering::SeqCst);
         *self.rules_pending.lock() = (!ready_at_once).then(|| reason.to_owned());
     }
 
     /// Rules of this version (from xDS) are in force.
-    pub fn rules_applied(&self, version: &str) {
+    pub(crate) fn rules_applied(&self, version: &str) {
         *self.rules_pending.lock() = None;
         *self.rules_version.lock() = Some(version.to_owned());
     }
 
     /// The xDS version of the rules in force, if they came from xDS.
-    pub fn rules_version(&self) -> Option<String> {
+    pub(crate) fn rules_version(&self) -> Option<String> {
         self.rules_version.lock().clone()
     }
 
     /// Marks the instance as shutting down: health checks fail from now on,
     /// so load balancers drain it before it exits.
-    pub fn start_draining(&self) {
+    pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
 
@@ -71,7 +71,7 @@ impl Health {
     /// allow elsewhere), whereas failing readiness would pull every replica
     /// at once, and Envoy would then apply its one `failure_mode_deny` to
     /// every rule alike. The outage shows in the body, the logs and metrics.
-    pub async fn check(&self, limiter: &Limiter) -> Result<Option<String>, String> {
+    pub(crate) async fn check(&self, limiter: &Limiter) -> Result<Option<String>, String> {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
         }
@@ -113,7 +113,7 @@ struct AdminState {
 }
 
 /// The admin routes.
-pub fn router(
+pub(crate) fn router(
     limiter: Arc<Limiter>,
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
@@ -153,7 +153,7 @@ pub fn router(
 
 /// The reference's stats as Prometheus metrics, through a statsd-exporter
 /// mapping, on `path` (the reference's `PROMETHEUS_ADDR`/`_PATH`).
-pub fn reference_metrics_router(
+pub(crate) fn reference_metrics_router(
     limiter: Arc<Limiter>,
     path: String,
     mapper: Arc<crate::stats::mapper::Mapper>,

@@ -6,6 +6,9 @@
 //!
 //! usage: tollgate-ceiling [--addr HOST:PORT] [--workers N]
 
+// A load tool run by hand: a setup that fails ends it with the reason.
+#![allow(clippy::expect_used)]
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -46,7 +49,7 @@ async fn answer(
         }
     }
     // The same response body as Tollgate's.
-    let body = tollgate::rls::UnaryBody::new(ok);
+    let body = tollgate::UnaryBody::new(ok);
     Ok(http::Response::builder()
         .header("content-type", "application/grpc")
         .body(tonic::body::Body::new(body))
@@ -65,7 +68,7 @@ fn main() -> std::io::Result<()> {
             other => return Err(std::io::Error::other(format!("unknown flag {other}"))),
         }
     }
-    let listeners = tollgate::server::bind_grpc(addr, workers)?;
+    let listeners = tollgate::bind_grpc(addr, workers)?;
     println!(
         "tollgate-ceiling: listening on {}",
         listeners[0].local_addr()?

@@ -191,18 +191,6 @@ impl Calendar {
             .unwrap_or(Timestamp::MAX);
         u64::try_from(at.as_microsecond()).unwrap_or(0)
     }
-
-    /// The nominal length of one window in seconds (30-day months, 365-day
-    /// years), for what needs a fixed figure.
-    pub fn nominal_seconds(&self) -> u64 {
-        let unit = match self.unit {
-            CalendarUnit::Day => 86_400,
-            CalendarUnit::Week => 7 * 86_400,
-            CalendarUnit::Month => 30 * 86_400,
-            CalendarUnit::Year => 365 * 86_400,
-        };
-        unit * u64::from(self.every.max(1))
-    }
 }
 
 #[cfg(test)]

@@ -25,40 +25,45 @@ mod bucket;
 mod options;
 mod outbox;
 mod quotas;
-pub mod share;
+pub(crate) mod share;
 mod sync;
 mod view;
 mod wire;
 
-pub use options::{
-    COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_CLIENT_NAME, MAX_DEPARTED, QuotaOptions, Unmatched,
-};
-pub use outbox::{Inbox, Outbound};
-pub use quotas::{QuotaMetrics, Quotas};
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub use options::QuotaOptions;
+pub(crate) use options::Unmatched;
+#[cfg(test)]
+use options::{MAX_CLIENT_NAME, MAX_DEPARTED};
+#[cfg(test)]
+use outbox::Inbox;
+pub(crate) use outbox::Outbound;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub use quotas::Quotas;
 
 /// The start of every gRPC path of the quota service (the server dispatches
 /// on it, and holds its streams' connections busy while they last).
-pub const SERVICE_PATH: &str = "/envoy.service.rate_limit_quota.v3.";
+pub(crate) const SERVICE_PATH: &str = "/envoy.service.rate_limit_quota.v3.";
 
 /// The request header (gRPC metadata) a client may name itself with, so its
 /// share survives a reconnect: in Envoy, `initial_metadata` of the RLQS
 /// `grpc_service`.
-pub const CLIENT_HEADER: &str = "x-tollgate-client";
+pub(crate) const CLIENT_HEADER: &str = "x-tollgate-client";
 
 /// The gRPC service around [`Quotas`].
 #[derive(Debug, Clone)]
-pub struct RlqsService {
+pub(crate) struct RlqsService {
     quotas: Arc<Quotas>,
 }
 
 impl RlqsService {
     /// Serves `quotas`.
-    pub fn new(quotas: Arc<Quotas>) -> Self {
+    pub(crate) fn new(quotas: Arc<Quotas>) -> Self {
         Self { quotas }
     }
 
     /// The HTTP/2 service, refusing messages above `max_message_bytes`.
-    pub fn into_server(self, max_message_bytes: usize) -> RateLimitQuotaServiceServer<Self> {
+    pub(crate) fn into_server(self, max_message_bytes: usize) -> RateLimitQuotaServiceServer<Self> {
         RateLimitQuotaServiceServer::new(self).max_decoding_message_size(max_message_bytes)
     }
 }

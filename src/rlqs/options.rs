@@ -7,25 +7,26 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 /// How long a client's demand counts after its last report: three of
 /// Envoy's report intervals (5 s in Envoy 1.40), so one lost report does
 /// not change the shares.
-pub const DEMAND_STALE: Nanos = 15 * NANOS_PER_SEC;
+pub(crate) const DEMAND_STALE: Nanos = 15 * NANOS_PER_SEC;
 
 /// Periods at least this long are also counted: once a window's admitted
 /// requests (as reported, from every instance) reach the limit, the bucket
 /// is denied until the window ends. Shorter periods are enforced by the
 /// token buckets' rate alone: reports arrive every 5 seconds, too coarse to
 /// count a one-second window.
-pub const COUNTED_PERIOD_SECONDS: u64 = 60;
+pub(crate) const COUNTED_PERIOD_SECONDS: u64 = 60;
 
 /// The most named clients whose demand one bucket keeps after their stream
 /// ended (for 15 s, pooled): names cycled by one client cannot grow a
 /// bucket without limit. Live streams are bounded by `max_streams`.
-pub const MAX_DEPARTED: usize = 4096;
+pub(crate) const MAX_DEPARTED: usize = 4096;
 
 /// The longest client name kept (characters); longer names are cut.
-pub const MAX_CLIENT_NAME: usize = 256;
+pub(crate) const MAX_CLIENT_NAME: usize = 256;
 
 /// Settings of the quota service.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct QuotaOptions {
     /// How long Envoy keeps an assignment without hearing from Tollgate
     /// (whole seconds, as Envoy counts them).
@@ -33,7 +34,7 @@ pub struct QuotaOptions {
     /// The least weight of a client, as a share of the bucket's rate.
     pub min_share: f64,
     /// What buckets that match no limit get.
-    pub unmatched: Unmatched,
+    pub(crate) unmatched: Unmatched,
     /// The most buckets tracked at once; reports for more are not answered.
     pub max_buckets: usize,
     /// The most streams open at once (all connections); more are refused.
@@ -88,7 +89,7 @@ impl Default for QuotaOptions {
 
 /// The answer for buckets that match no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unmatched {
+pub(crate) enum Unmatched {
     /// Allow all their requests.
     Allow,
     /// Deny all their requests.

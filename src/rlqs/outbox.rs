@@ -29,6 +29,7 @@ pub(super) struct Outbox {
 
 /// The receiving side: what the stream sends, in order.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Inbox {
     rx: mpsc::Receiver<(RateLimitQuotaResponse, usize)>,
     queued: Arc<AtomicUsize>,
@@ -68,7 +69,8 @@ impl Outbox {
 
 impl Inbox {
     /// The next message queued, if any (tests read pushes with it).
-    pub fn try_recv(&mut self) -> Option<RateLimitQuotaResponse> {
+    #[cfg(test)]
+    pub(crate) fn try_recv(&mut self) -> Option<RateLimitQuotaResponse> {
         let (message, size) = self.rx.try_recv().ok()?;
         self.queued.fetch_sub(size, Ordering::AcqRel);
         Some(message)
@@ -88,7 +90,7 @@ impl Inbox {
 /// status its reader gives up with (no report for too long, a queue it does
 /// not read, a bad report).
 #[derive(Debug)]
-pub struct Outbound {
+pub(crate) struct Outbound {
     inbox: Inbox,
     ended: Option<oneshot::Receiver<Status>>,
     done: bool,

@@ -64,7 +64,7 @@ pub(super) struct State {
 
 /// Counters of the quota service.
 #[derive(Debug, Default)]
-pub struct QuotaMetrics {
+pub(crate) struct QuotaMetrics {
     /// Usage report messages received.
     pub reports: AtomicU64,
     /// Bucket usages in those messages.
@@ -85,16 +85,18 @@ pub struct QuotaMetrics {
 
 /// The quota service's state; see the module documentation.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Quotas {
     pub(super) limiter: Arc<Limiter>,
     pub(super) options: QuotaOptions,
     pub(super) state: Mutex<State>,
     /// Counters, rendered with [`Quotas::render_metrics`].
-    pub metrics: QuotaMetrics,
+    pub(crate) metrics: QuotaMetrics,
 }
 
 impl Quotas {
     /// The quota service over `limiter`'s rules, store and clock.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn new(limiter: Arc<Limiter>, options: QuotaOptions) -> Self {
         let rules = limiter.rules();
         Self {
@@ -115,7 +117,7 @@ impl Quotas {
     }
 
     /// Its settings.
-    pub fn options(&self) -> &QuotaOptions {
+    pub(crate) fn options(&self) -> &QuotaOptions {
         &self.options
     }
 
@@ -130,6 +132,7 @@ impl Quotas {
     /// Opens a stream for `client` (a name the client gave, or none) and
     /// returns its id and what it will receive; RESOURCE_EXHAUSTED past
     /// `max_streams`.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn open(&self, client: Option<&str>) -> Result<(u64, Inbox), Status> {
         let (tx, rx) = outbox(self.options.max_queued_bytes);
         let mut state = self.state.lock();
@@ -183,7 +186,7 @@ impl Quotas {
     /// Forgets stream `id`. A client that holds its name keeps its demand
     /// until it goes stale (pooled): reconnected, it finds its share where
     /// it was.
-    pub fn close(&self, id: u64) {
+    pub(crate) fn close(&self, id: u64) {
         let now = self.now();
         let mut state = self.state.lock();
         let state = &mut *state;
@@ -210,10 +213,17 @@ impl Quotas {
         }
     }
 
+    /// Exchanges with the store that failed so far (for the tests).
+    #[cfg(feature = "test-util")]
+    pub fn store_errors(&self) -> u64 {
+        self.metrics.store_errors.load(Ordering::Relaxed)
+    }
+
     /// Takes one usage report of stream `id` and answers every bucket in it.
     /// A stream carries one domain: a report for another is an error. A
     /// bucket named more than once in a report counts once, its usages
     /// added up.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn report(
         &self,
         id: u64,

@@ -12,11 +12,11 @@
 //! always add up to the rate, and a 3:1 demand gets a 3:1 share.
 
 /// A rate of requests per second.
-pub type PerSecond = f64;
+pub(crate) type PerSecond = f64;
 
 /// What one Envoy is told to do with a bucket's requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Assignment {
+pub(crate) enum Assignment {
     /// Admit every request.
     AllowAll,
     /// Refuse every request.
@@ -40,7 +40,7 @@ pub enum Assignment {
 /// How far a share may drift from the one Envoy has before it is told
 /// again. Envoy replaces a token bucket (full again) whenever its settings
 /// change, so re-sending on every small change would hand out fresh bursts.
-pub const SHARE_TOLERANCE: f64 = 0.1;
+pub(crate) const SHARE_TOLERANCE: f64 = 0.1;
 
 /// The longest fill interval: a share below one request per hour is one
 /// request per hour.
@@ -50,11 +50,11 @@ const MAX_FILL_SECONDS: u32 = 3600;
 /// demand yet, and named ones whose stream ended) together weigh at most this
 /// share of the rate: a crowd of streams that ask for nothing (8,000 of them
 /// in the attack this bounds) cannot outweigh one client that asks.
-pub const POOL_SHARE: f64 = 0.25;
+pub(crate) const POOL_SHARE: f64 = 0.25;
 
 /// What one client claims of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// Its demand (requests per second), once a report covered time.
     pub demand: Option<PerSecond>,
     /// Whether its stream is open (a named client's demand outlives its
@@ -80,7 +80,7 @@ pub struct Claim {
 ///   a real share of the rate, whatever the others claim. The shares add up
 ///   to the rate.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Split {
+pub(crate) struct Split {
     rate: PerSecond,
     floor: PerSecond,
     /// The weight of a client without a demand yet (before pooling).
@@ -107,7 +107,7 @@ impl Split {
     /// The split of `rate` among `claims` (this instance's clients) and the
     /// other instances' weight `others`, with a floor of `min_share` of the
     /// rate.
-    pub fn new(rate: PerSecond, claims: &[Claim], others: f64, min_share: f64) -> Self {
+    pub(crate) fn new(rate: PerSecond, claims: &[Claim], others: f64, min_share: f64) -> Self {
         let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
         let floor = min_share.clamp(0.0, 1.0) * rate;
         let known: Vec<f64> = claims
@@ -202,7 +202,7 @@ impl Split {
 
     /// The share of a client claiming `claim` (one of the claims the split
     /// was made from, or a newcomer since, weighed alike).
-    pub fn share(&self, claim: Claim) -> PerSecond {
+    pub(crate) fn share(&self, claim: Claim) -> PerSecond {
         if !self.weighed {
             return self.rate;
         }
@@ -218,7 +218,7 @@ impl Split {
     /// or the pooled ones (the raised minimum aside). Exact for the usual
     /// newcomer, a pooled one without a demand yet; a joining stream costs
     /// O(1), not a new split over every client.
-    pub fn share_of_newcomer(&self, claim: Claim) -> PerSecond {
+    pub(crate) fn share_of_newcomer(&self, claim: Claim) -> PerSecond {
         let (active_sum, pooled_sum) = match self.active_demand(&claim) {
             Some(d) => (self.active_sum + d, self.pooled_sum),
             None => (self.active_sum, self.pooled_sum + self.nominal(&claim)),
@@ -243,7 +243,7 @@ impl Split {
     }
 
     /// The weight of a client claiming `claim`, as shown to operators.
-    pub fn weight(&self, claim: Claim) -> f64 {
+    pub(crate) fn weight(&self, claim: Claim) -> f64 {
         match self.active_demand(&claim) {
             Some(d) => d,
             None => self.nominal(&claim) * self.pool_factor,
@@ -251,7 +251,7 @@ impl Split {
     }
 
     /// The weight of this instance's clients together.
-    pub fn local_weight(&self) -> f64 {
+    pub(crate) fn local_weight(&self) -> f64 {
         self.local
     }
 }
@@ -269,7 +269,7 @@ fn clamp_demand(demand: PerSecond, rate: PerSecond) -> f64 {
 /// seconds) whose whole tokens come closest to the share (within 2 %,
 /// preferring short intervals), and a bucket that holds the share of one
 /// period (at least one fill, at most the whole limit).
-pub fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assignment {
+pub(crate) fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assignment {
     if limit == 0 || share <= 0.0 || !share.is_finite() {
         return Assignment::DenyAll;
     }
@@ -309,7 +309,7 @@ pub fn token_bucket(share: PerSecond, limit: u64, period_seconds: u64) -> Assign
 /// What to tell a stream that holds `sent` (none yet: `None`) when its
 /// assignment is now `fresh`: `None` when it should keep what it has (see
 /// [`changed`]), else the assignment to send (see [`distinct_for_envoy`]).
-pub fn to_send(sent: Option<&Assignment>, fresh: Assignment) -> Option<Assignment> {
+pub(crate) fn to_send(sent: Option<&Assignment>, fresh: Assignment) -> Option<Assignment> {
     if sent.is_some_and(|s| !changed(s, &fresh)) {
         return None;
     }

@@ -28,6 +28,7 @@ impl Quotas {
     /// buckets nobody reports, exchanges with the store (Redis: every
     /// instance's weights and usage), and pushes every assignment that
     /// changed.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub async fn tick(&self) {
         let now = self.now();
         let (mut pushes, names) = {

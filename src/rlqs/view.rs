@@ -13,7 +13,7 @@ use crate::clock::NANOS_PER_SEC;
 
 impl Quotas {
     /// The Prometheus lines of the quota service.
-    pub fn render_metrics(&self, out: &mut String) {
+    pub(crate) fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write;
         let now = self.now();
         let state = self.state.lock();
@@ -159,7 +159,7 @@ impl Quotas {
 
     /// The current assignments as JSON, at most `limit` buckets (sorted by
     /// domain and entries).
-    pub fn to_json(&self, limit: usize) -> serde_json::Value {
+    pub(crate) fn to_json(&self, limit: usize) -> serde_json::Value {
         use serde_json::json;
         let now = self.now();
         let state = self.state.lock();

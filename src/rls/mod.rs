@@ -11,10 +11,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::candidate::Candidate;
 use crate::clock::{NANOS_PER_SEC, Nanos};
@@ -28,7 +27,7 @@ pub use server::UnaryBody;
 
 /// The gRPC service around a [`Limiter`].
 #[derive(Debug, Clone)]
-pub struct RlsService {
+pub(crate) struct RlsService {
     limiter: Arc<Limiter>,
     candidate: Option<Arc<Candidate>>,
     otel: Option<Arc<crate::otel::Otel>>,
@@ -37,7 +36,7 @@ pub struct RlsService {
 impl RlsService {
     /// Serves `limiter`; every request is also shown to the `candidate`
     /// rules, if any (they never change the answer).
-    pub fn new(limiter: Arc<Limiter>, candidate: Option<Arc<Candidate>>) -> Self {
+    pub(crate) fn new(limiter: Arc<Limiter>, candidate: Option<Arc<Candidate>>) -> Self {
         Self {
             limiter,
             candidate,
@@ -46,7 +45,7 @@ impl RlsService {
     }
 
     /// Records a span for each call.
-    pub fn with_tracing(mut self, otel: Option<Arc<crate::otel::Otel>>) -> Self {
+    pub(crate) fn with_tracing(mut self, otel: Option<Arc<crate::otel::Otel>>) -> Self {
         self.otel = otel;
         self
     }
@@ -58,28 +57,13 @@ impl RlsService {
 
     /// The HTTP/2 service for this, refusing requests above the limiter's
     /// request size bound.
-    pub fn into_server(self) -> server::RlsServer {
+    pub(crate) fn into_server(self) -> server::RlsServer {
         let max_request_bytes = self.limiter.options().bounds.request_bytes;
         server::RlsServer::new(self, max_request_bytes)
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        self.decide(&request.into_inner()).await.map(Response::new)
-    }
-}
-
 impl RlsService {
-    /// Decides one request: the answer, or the gRPC status to fail it with.
-    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        self.decision(request).await.map(to_proto)
-    }
-
     /// Decides one request: the decision (to answer with), or the gRPC
     /// status to fail it with.
     async fn decision(&self, request: &RateLimitRequest) -> Result<Decision, Status> {

@@ -30,7 +30,7 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 
 /// The RateLimitService as an HTTP service.
 #[derive(Debug, Clone)]
-pub struct RlsServer {
+pub(crate) struct RlsServer {
     service: Arc<RlsService>,
     max_request_bytes: usize,
 }

@@ -26,6 +26,10 @@ pub struct LoadOptions {
 }
 
 impl Default for LoadOptions {
+    #[expect(
+        clippy::expect_used,
+        reason = "UTC is in the time zone database bundled into the binary (jiff's tzdb-bundle-always)"
+    )]
     fn default() -> Self {
         Self {
             merge_domains: false,

@@ -11,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Connection bounds for the gRPC and admin listeners.
 #[derive(Debug, Clone)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     /// Open gRPC connections, all workers together (`--max-connections`).
     pub grpc_connections: Arc<Semaphore>,
     /// Time for a new connection to send the HTTP/2 preface (`--handshake-timeout`).
@@ -162,7 +162,10 @@ impl Acceptor {
             if let Some((_, until)) = &self.waiting {
                 let slot =
                     tokio::time::timeout_at(*until, self.slots.clone().acquire_owned()).await;
-                let (tcp, _) = self.waiting.take().expect("waiting, checked above");
+                // Still there: only this call takes it, after the wait.
+                let Some((tcp, _)) = self.waiting.take() else {
+                    continue;
+                };
                 if let Ok(Ok(permit)) = slot {
                     return (tcp, permit);
                 }

@@ -29,12 +29,12 @@ use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rlqs::{Quotas, RlqsService};
 use crate::rls::RlsService;
-pub use limits::ConnectionLimits;
-pub use start::start;
-pub use tls::{Tls, TlsFiles};
+pub(crate) use limits::ConnectionLimits;
+pub use start::serve_from_settings;
+pub(crate) use tls::{Tls, TlsFiles};
 
 /// How often the TLS files are checked for a renewed certificate.
-pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for in-flight calls and open connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -103,7 +103,7 @@ fn ensure_port_free(addr: SocketAddr) -> std::io::Result<()> {
 }
 
 /// Everything `run` serves.
-pub struct Serve {
+pub(crate) struct Serve {
     /// The limiter.
     pub limiter: Arc<Limiter>,
     /// The quota service (RLQS) over the same rules and store.
@@ -140,7 +140,7 @@ pub struct Serve {
 }
 
 /// The reference's stats served as Prometheus metrics.
-pub struct ReferenceMetrics {
+pub(crate) struct ReferenceMetrics {
     /// Where.
     pub listener: std::net::TcpListener,
     /// On which path.
@@ -152,7 +152,7 @@ pub struct ReferenceMetrics {
 /// Serves until `shutdown` completes; then reports unhealthy for
 /// `shutdown_delay`, stops accepting, lets in-flight calls finish (at most
 /// [`DRAIN_TIMEOUT`]), and returns.
-pub fn run(
+pub(crate) fn run(
     serve: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -398,7 +398,7 @@ async fn set_health(
 }
 
 /// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

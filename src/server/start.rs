@@ -15,7 +15,7 @@ use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 /// Starts Tollgate as `args` say and serves until SIGINT or SIGTERM. The error
 /// says what stopped start-up (or the server).
-pub fn start(args: &ServeArgs) -> Result<(), String> {
+pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
     let paths = args.rule_paths();
     let xds = args.xds.options(args.load_options())?;
     let rules = match &xds {

@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 /// Where the certificate, its key and (for mTLS) the client CA are.
 #[derive(Debug, Clone)]
-pub struct TlsFiles {
+pub(crate) struct TlsFiles {
     /// PEM certificate chain, leaf first.
     pub cert: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
@@ -34,7 +34,7 @@ pub struct TlsFiles {
 
 /// The server's TLS configurations, one per protocol (ALPN), swapped
 /// atomically on reload.
-pub struct Tls {
+pub(crate) struct Tls {
     files: TlsFiles,
     grpc: ArcSwap<ServerConfig>,
     admin: ArcSwap<ServerConfig>,
@@ -52,7 +52,7 @@ impl std::fmt::Debug for Tls {
 
 impl Tls {
     /// Loads the files; the error names the file and the problem.
-    pub fn load(files: TlsFiles) -> Result<Self, String> {
+    pub(crate) fn load(files: TlsFiles) -> Result<Self, String> {
         let contents = read_all(&files)?;
         let (grpc, admin) = configs(&files, &contents)?;
         Ok(Self {
@@ -64,19 +64,19 @@ impl Tls {
     }
 
     /// For a new gRPC connection (ALPN `h2`).
-    pub fn grpc_acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn grpc_acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.grpc.load_full())
     }
 
     /// For a new admin connection (ALPN `http/1.1`).
-    pub fn admin_acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn admin_acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.admin.load_full())
     }
 
     /// Re-reads the files; when they changed and load, new connections use
     /// them. Returns whether the configuration was replaced. Reads files:
     /// call it off the async runtime.
-    pub fn reload_if_changed(&self) -> bool {
+    pub(crate) fn reload_if_changed(&self) -> bool {
         let contents = match read_all(&self.files) {
             Ok(c) => c,
             Err(e) => {

@@ -22,19 +22,19 @@ mod unknown;
 mod values;
 mod xds;
 
-pub use otel::{OtelArgs, TracingProtocol};
-pub use redis_url::RedisUrl;
+pub(crate) use otel::{OtelArgs, TracingProtocol};
+pub(crate) use redis_url::RedisUrl;
 pub use reference_defaults::REFERENCE_PROGRAM;
-pub use reference_vars::{GATEWAY_ONLY_VARS, Handling, REFERENCE_VARS, ReferenceVar};
-pub use rlqs::RlqsArgs;
-pub use stats::{StatsArgs, StatsdProtocol};
+pub(crate) use rlqs::RlqsArgs;
+pub(crate) use stats::StatsArgs;
 pub use unknown::unknown_env;
-pub use values::{
-    AlgorithmArg, FailureModeArg, Keepalive, LogFormat, OnOff, OnStoreError, StoreKind,
-    UnmatchedArg, parse_duration,
+pub use values::LogFormat;
+pub(crate) use values::{
+    AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, UnmatchedArg,
+    parse_duration,
 };
 use values::{at_least_one, parse_fraction, parse_keepalive, parse_zone};
-pub use xds::XdsArgs;
+pub(crate) use xds::XdsArgs;
 
 use crate::calendar::Zone;
 use crate::rules::LoadOptions;

@@ -6,7 +6,7 @@
 
 /// What Tollgate does with one reference variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handling {
+pub(crate) enum Handling {
     /// Mapped to the Tollgate setting named here.
     Honoured(&'static str),
     /// Accepted with no effect, for this reason.
@@ -23,7 +23,7 @@ pub enum Handling {
 
 /// One reference variable.
 #[derive(Debug, Clone, Copy)]
-pub struct ReferenceVar {
+pub(crate) struct ReferenceVar {
     /// Its name.
     pub name: &'static str,
     /// What Tollgate does with it.
@@ -61,7 +61,7 @@ const POOLS: &str =
 const MEMCACHE: &str = "read only with BACKEND_TYPE=memcache, which Tollgate refuses";
 
 /// Every variable of envoyproxy/ratelimit's settings, in its order.
-pub const REFERENCE_VARS: &[ReferenceVar] = &[
+pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     refused("PROTO", &["tcp"], "Tollgate serves gRPC over TCP"),
     honoured(
         "HOST",
@@ -365,8 +365,10 @@ pub const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured("TRACING_SAMPLING_RATE", "--tracing-sampling-rate"),
 ];
 
-/// Variables Envoy Gateway sets that the reference itself does not read.
-pub const GATEWAY_ONLY_VARS: &[ReferenceVar] = &[no_effect(
+/// Variables Envoy Gateway sets that the reference itself does not read
+/// (the tests check each is accepted and documented).
+#[cfg(test)]
+pub(crate) const GATEWAY_ONLY_VARS: &[ReferenceVar] = &[no_effect(
     "GRPC_SERVER_TLS_CA_CERT",
     "Envoy Gateway sets it but the reference does not read it (it serves TLS without client certificates unless GRPC_CLIENT_TLS_CACERT is set); Tollgate does the same",
 )];

@@ -153,7 +153,7 @@ pub(super) fn parse_keepalive(text: &str) -> Result<Keepalive, String> {
 }
 
 /// Parses `250us`, `10ms`, `2s` or `1m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .ok_or_else(|| format!("'{text}' needs a unit (us, ms, s or m)"))?;

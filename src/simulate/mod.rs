@@ -14,17 +14,17 @@ use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::rules::{LoadOptions, load_paths};
 
-pub mod envoy;
-pub mod replay;
-pub mod report;
-pub mod traffic;
+pub(crate) mod envoy;
+pub(crate) mod replay;
+pub(crate) mod report;
+pub(crate) mod traffic;
 
-pub use replay::{Outcome, RuleResult, replay};
-pub use traffic::{Event, Generate};
+pub(crate) use replay::{Outcome, replay};
+pub(crate) use traffic::{Event, Generate};
 
 /// The most bins of a series (per rule and scenario): a narrow `--bin`
 /// over a long span would otherwise ask for more memory than there is.
-pub const MAX_BINS: u64 = 1_000_000;
+pub(crate) const MAX_BINS: u64 = 1_000_000;
 
 /// What to simulate.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +51,7 @@ pub struct Simulation {
 
 /// Loads the traffic, sorted by time; the importer's notes (what the log
 /// could not give) come back too.
-pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), String> {
+pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), String> {
     let mut events = Vec::new();
     let mut notes = Vec::new();
     let config = match &sim.envoy_config {
@@ -104,7 +104,7 @@ pub fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), Strin
 
 /// Replays `events` under every rule set and algorithm. `progress` gets the
 /// number of events done (over all scenarios) now and then.
-pub fn run(
+pub(crate) fn run(
     sim: &Simulation,
     events: &[Event],
     progress: &dyn Fn(u64),
@@ -205,7 +205,7 @@ fn labels(paths: &[std::path::PathBuf]) -> Vec<String> {
 
 /// `tollgate simulate`, from the command line: prints the summary, writes
 /// `--out`, and says how fast the replay ran.
-pub fn main(
+pub fn run_cli(
     sim: &Simulation,
     out: Option<&std::path::Path>,
     save_traffic: Option<&std::path::Path>,

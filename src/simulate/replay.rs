@@ -19,7 +19,7 @@ const MAX_CLIENTS: usize = 100_000;
 
 /// Requests, admitted and refused in one bin of time.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Bin {
+pub(crate) struct Bin {
     /// Requests the rule matched.
     pub requests: u64,
     /// Of them, refused by this rule.
@@ -28,7 +28,7 @@ pub struct Bin {
 
 /// What one rule did over the replay.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct RuleResult {
+pub(crate) struct RuleResult {
     /// The rule as `/rlconfig` names it (domain and descriptor path).
     pub rule: String,
     /// Its `name`, if any.
@@ -54,7 +54,7 @@ pub struct RuleResult {
 
 impl RuleResult {
     /// The rule with its name, as summaries show it: `api.user (per-user)`.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match &self.name {
             Some(name) => format!("{} ({name})", self.rule),
             None => self.rule.clone(),
@@ -64,7 +64,7 @@ impl RuleResult {
 
 /// The outcome of replaying the traffic under one rule set and algorithm.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The scenario, e.g. `rules.yaml, sliding_window`.
     pub scenario: String,
     /// Requests replayed.
@@ -93,7 +93,7 @@ struct Tracking {
 /// Replays `events` (sorted by time) under `rules`, counting in bins of
 /// `bin` nanoseconds from the first event. `progress` is told how many
 /// events are done, now and then.
-pub fn replay(
+pub(crate) fn replay(
     scenario: &str,
     rules: RuleSet,
     events: &[Event],
@@ -246,7 +246,7 @@ fn entries_text(entries: &[(Arc<str>, Arc<str>)]) -> String {
 
 /// A bin width that gives at most `most` bins over `span`: 1 ms to 1 h in
 /// steps people read (1, 2, 5, 10, 15, 30 ...).
-pub fn bin_for(span: Nanos, most: u64) -> Nanos {
+pub(crate) fn bin_for(span: Nanos, most: u64) -> Nanos {
     const STEPS_MS: [u64; 20] = [
         1, 10, 100, 250, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000,
         300_000, 600_000, 900_000, 1_800_000, 3_600_000, 21_600_000, 86_400_000,

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use super::replay::{Outcome, RuleResult};
 
 /// The summary as people read it.
-pub fn summary_text(outcomes: &[Outcome]) -> String {
+pub(crate) fn summary_text(outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     for o in outcomes {
         let share = |n: u64, of: u64| {
@@ -63,13 +63,13 @@ pub fn summary_text(outcomes: &[Outcome]) -> String {
 }
 
 /// `summary.json`: per scenario, per rule.
-pub fn summary_json(outcomes: &[Outcome]) -> serde_json::Value {
+pub(crate) fn summary_json(outcomes: &[Outcome]) -> serde_json::Value {
     serde_json::json!({ "scenarios": outcomes })
 }
 
 /// `series.csv`: scenario, rule, bin start (seconds from the first event),
 /// requests, admitted, refused.
-pub fn series_csv(outcomes: &[Outcome]) -> String {
+pub(crate) fn series_csv(outcomes: &[Outcome]) -> String {
     let mut out = String::from("scenario,rule,second,requests,admitted,refused\n");
     for o in outcomes {
         for r in &o.rules {
@@ -124,7 +124,7 @@ fn csv(text: &str) -> String {
 }
 
 /// `series.json`: the same as `series.csv`, per scenario and rule.
-pub fn series_json(outcomes: &[Outcome]) -> serde_json::Value {
+pub(crate) fn series_json(outcomes: &[Outcome]) -> serde_json::Value {
     let scenarios: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| {
@@ -145,7 +145,7 @@ pub fn series_json(outcomes: &[Outcome]) -> serde_json::Value {
 
 /// One plot: requests, admitted and refused per second over time, and the
 /// limit's rate for one client, as an SVG document.
-pub fn plot(title: &str, rule: &RuleResult, bin_seconds: f64) -> String {
+pub(crate) fn plot(title: &str, rule: &RuleResult, bin_seconds: f64) -> String {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (560, 300)).into_drawing_area();
@@ -250,7 +250,7 @@ fn plots(outcomes: &[Outcome]) -> Vec<Vec<String>> {
 
 /// `report.html`: per rule, a row with its plot under each scenario, and the
 /// summary table. Self-contained: no scripts, styles or fonts from elsewhere.
-pub fn report_html(outcomes: &[Outcome]) -> String {
+pub(crate) fn report_html(outcomes: &[Outcome]) -> String {
     html_with(outcomes, &plots(outcomes))
 }
 
@@ -317,7 +317,7 @@ fn html_with(outcomes: &[Outcome], plots: &[Vec<String>]) -> String {
 }
 
 /// Writes every output file into `dir`.
-pub fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
+pub(crate) fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let write = |name: &str, text: String| write_file(&dir.join(name), text.as_bytes());
     write(
@@ -360,7 +360,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
 }
 
 /// A file name part: letters, digits, `-` and `_`; anything else `_`.
-pub fn slug(text: &str) -> String {
+pub(crate) fn slug(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {

@@ -16,21 +16,21 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// A descriptor's `(key, value)` entries.
 /// Inline (no allocation of its own) for up to two entries.
-pub type Entries = smallvec::SmallVec<[(Arc<str>, Arc<str>); 2]>;
+pub(crate) type Entries = smallvec::SmallVec<[(Arc<str>, Arc<str>); 2]>;
 
 /// A request's descriptors; inline for one, so an event is one block of
 /// memory and a replay walks the events in order.
-pub type Descriptors = smallvec::SmallVec<[Entries; 1]>;
+pub(crate) type Descriptors = smallvec::SmallVec<[Entries; 1]>;
 
 /// One shared copy of each string: traffic repeats its domains, keys and
 /// values, and a replay that reads them from a few places runs faster than
 /// one chasing a fresh allocation per request.
 #[derive(Debug, Default)]
-pub struct Strings(std::collections::HashMap<Box<str>, Arc<str>>);
+pub(crate) struct Strings(std::collections::HashMap<Box<str>, Arc<str>>);
 
 impl Strings {
     /// The shared copy of `text`.
-    pub fn get(&mut self, text: &str) -> Arc<str> {
+    pub(crate) fn get(&mut self, text: &str) -> Arc<str> {
         if let Some(shared) = self.0.get(text) {
             return shared.clone();
         }
@@ -42,7 +42,7 @@ impl Strings {
 
 /// One request at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     /// When, in nanoseconds since the Unix epoch.
     pub at: Nanos,
     /// The rule domain.
@@ -88,7 +88,7 @@ struct LineEntry<'a> {
 }
 
 /// An RFC 3339 time (or Unix seconds as text) in nanoseconds.
-pub fn parse_time(text: &str) -> Result<Nanos, String> {
+pub(crate) fn parse_time(text: &str) -> Result<Nanos, String> {
     if let Ok(seconds) = text.parse::<f64>() {
         return seconds_to_nanos(seconds);
     }
@@ -109,12 +109,13 @@ fn seconds_to_nanos(seconds: f64) -> Result<Nanos, String> {
 }
 
 /// One JSON line as an event.
-pub fn parse_line(line: &str) -> Result<Event, String> {
+#[cfg(test)]
+pub(crate) fn parse_line(line: &str) -> Result<Event, String> {
     parse_line_sharing(line, &mut Strings::default())
 }
 
 /// One JSON line as an event, its strings shared through `strings`.
-pub fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Event, String> {
+pub(crate) fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Event, String> {
     let parsed: Line = serde_json::from_str(line).map_err(|e| e.to_string())?;
     let at = match parsed.timestamp {
         Timestamp::Seconds(s) => seconds_to_nanos(s)?,
@@ -138,7 +139,7 @@ pub fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Event, St
 }
 
 /// Every event of a JSON lines file; an error names the file and line.
-pub fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
+pub(crate) fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut events = Vec::new();
     let mut strings = Strings::default();
@@ -307,7 +308,7 @@ impl Random {
 /// At most `max_events` are made (the caller refuses a spec that asks for
 /// more, see `--max-events`); memory is taken as events come, not reserved
 /// for the whole run up front.
-pub fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
+pub(crate) fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
     let mut random = Random(g.seed);
     // Cumulative Zipf weights of the clients.
     let mut cumulative = Vec::with_capacity(g.clients as usize);
@@ -370,7 +371,7 @@ pub fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
 }
 
 /// Events as JSON lines, as [`read_jsonl`] reads them.
-pub fn to_jsonl(events: &[Event], out: &mut impl std::io::Write) -> std::io::Result<()> {
+pub(crate) fn to_jsonl(events: &[Event], out: &mut impl std::io::Write) -> std::io::Result<()> {
     for e in events {
         let descriptors: Vec<serde_json::Value> = e
             .descriptors

@@ -66,7 +66,7 @@ struct Mapping {
 
 /// A loaded mapping file.
 #[derive(Debug, Default)]
-pub struct Mapper {
+pub(crate) struct Mapper {
     mappings: Vec<Mapping>,
 }
 
@@ -94,7 +94,7 @@ fn glob(pattern: &str) -> String {
 
 /// A Prometheus metric name: characters outside `[a-zA-Z0-9_:]` become `_`,
 /// and a leading digit gets a `_` before it.
-pub fn escape_name(name: &str) -> String {
+pub(crate) fn escape_name(name: &str) -> String {
     let mut out: String = name
         .chars()
         .map(|c| {
@@ -113,7 +113,7 @@ pub fn escape_name(name: &str) -> String {
 
 impl Mapper {
     /// Parses a mapping file; the error names the mapping and the problem.
-    pub fn parse(text_in: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text_in: &str) -> Result<Self, String> {
         let spec: FileSpec = serde_saphyr::from_str(text_in)
             .map_err(|e| format!("not a statsd mapping file: {e}"))?;
         let default_type = match spec.defaults.get("match_type") {
@@ -252,7 +252,7 @@ impl Mapper {
     }
 
     /// The Prometheus exposition of `stats` through the mappings.
-    pub fn render(&self, stats: &[Stat<'_>]) -> String {
+    pub(crate) fn render(&self, stats: &[Stat<'_>]) -> String {
         // name -> (kind, help, labels -> value or histogram)
         let mut series: BTreeMap<String, Family<'_>> = BTreeMap::new();
         for stat in stats {

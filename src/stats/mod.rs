@@ -5,14 +5,14 @@
 //! file, as the reference's `USE_PROMETHEUS` does (and Envoy Gateway's
 //! dashboards expect). Tollgate's own `/metrics` is unchanged.
 
-pub mod mapper;
-pub mod statsd;
+pub(crate) mod mapper;
+pub(crate) mod statsd;
 
 use crate::metrics::{Histogram, Metrics};
 
 /// A stat's value.
 #[derive(Debug)]
-pub enum StatValue<'a> {
+pub(crate) enum StatValue<'a> {
     /// A counter: its total so far.
     Counter(u64),
     /// A timer (seconds).
@@ -21,7 +21,7 @@ pub enum StatValue<'a> {
 
 /// One stat under the reference's name.
 #[derive(Debug)]
-pub struct Stat<'a> {
+pub(crate) struct Stat<'a> {
     /// The statsd name.
     pub name: String,
     /// Its value.
@@ -29,10 +29,10 @@ pub struct Stat<'a> {
 }
 
 /// The name of the ShouldRateLimit response time timer.
-pub const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
+pub(crate) const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
 
 /// Every stat of `metrics` under the reference's names.
-pub fn reference_stats(metrics: &Metrics) -> Vec<Stat<'_>> {
+pub(crate) fn reference_stats(metrics: &Metrics) -> Vec<Stat<'_>> {
     use std::sync::atomic::Ordering::Relaxed;
     let mut out = Vec::new();
     metrics.for_each_limit(|labels, stats| {
@@ -91,7 +91,7 @@ pub fn reference_stats(metrics: &Metrics) -> Vec<Stat<'_>> {
 
 /// `domain.key1.key2...` from a label set `domain="d",key1="a_b",...` (the
 /// values in order, unescaped): the reference's stat path of a limit.
-pub fn stat_path(labels: &str) -> String {
+pub(crate) fn stat_path(labels: &str) -> String {
     let mut out = String::new();
     let mut chars = labels.chars();
     // name="value" pairs separated by commas; values escape \ " and \n.

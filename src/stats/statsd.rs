@@ -24,6 +24,7 @@ pub enum Protocol {
 }
 
 /// The largest UDP datagram sent (fits an Ethernet MTU).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub const MAX_DATAGRAM: usize = 1432;
 
 /// Where and how to send.
@@ -41,14 +42,19 @@ pub struct StatsdOptions {
 
 /// What was sent last, to send increases.
 #[derive(Debug, Default)]
-pub struct Flusher {
+pub(crate) struct Flusher {
     sent: HashMap<String, u64>,
 }
 
 impl Flusher {
     /// The lines of one flush, taken as sent (see [`Flusher::prepare`] for
     /// a flush that may fail).
-    pub fn lines(&mut self, metrics: &Metrics, tags: Option<&[(String, String)]>) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn lines(
+        &mut self,
+        metrics: &Metrics,
+        tags: Option<&[(String, String)]>,
+    ) -> Vec<String> {
         let (lines, sent) = self.prepare(metrics, tags);
         self.sent = sent;
         lines
@@ -56,7 +62,7 @@ impl Flusher {
 
     /// The lines of one flush and the totals they bring statsd to; give
     /// those to [`Flusher::commit`] once the lines are sent.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         metrics: &Metrics,
         tags: Option<&[(String, String)]>,
@@ -101,13 +107,13 @@ impl Flusher {
     }
 
     /// Records a flush as sent.
-    pub fn commit(&mut self, sent: HashMap<String, u64>) {
+    pub(crate) fn commit(&mut self, sent: HashMap<String, u64>) {
         self.sent = sent;
     }
 }
 
 /// Sends to statsd for as long as the process runs.
-pub async fn run(options: StatsdOptions, metrics: Arc<Metrics>) {
+pub(crate) async fn run(options: StatsdOptions, metrics: Arc<Metrics>) {
     metrics.response_samples.enable();
     let mut flusher = Flusher::default();
     let mut tcp: Option<tokio::net::TcpStream> = None;

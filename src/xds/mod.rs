@@ -18,7 +18,7 @@
 //! server can tell what this instance has.
 
 mod connect;
-pub mod resource;
+pub(crate) mod resource;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ use rustls::pki_types::ServerName;
 use tokio::sync::mpsc;
 
 use connect::Connector;
-pub use connect::XdsTls;
+pub(crate) use connect::XdsTls;
 
 use crate::admin::Health;
 use crate::limiter::Limiter;
@@ -104,7 +104,7 @@ struct State {
 }
 
 /// Fetches rules from the xDS server for as long as the process runs.
-pub async fn run(options: XdsOptions, limiter: Arc<Limiter>, health: Arc<Health>) {
+pub(crate) async fn run(options: XdsOptions, limiter: Arc<Limiter>, health: Arc<Health>) {
     health.rules_from_server(
         &format!(
             "waiting for the first rules from the xDS server {}",
@@ -146,7 +146,7 @@ pub async fn run(options: XdsOptions, limiter: Arc<Limiter>, health: Arc<Health>
 }
 
 /// Checks what can be checked before serving: the TLS files.
-pub fn check(options: &XdsOptions) -> Result<(), String> {
+pub(crate) fn check(options: &XdsOptions) -> Result<(), String> {
     connector(options).map(|_| ())
 }
 

@@ -11,17 +11,18 @@ pub mod pb {
     ));
 }
 
-pub use pb::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
+pub(crate) use pb::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 use serde_json::{Map, Value, json};
 
 /// The type URL of the resource, as the reference requests it.
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
 /// The rule file text (JSON, which is YAML) for one resource. Fields at
 /// their proto3 default are left out, so the rule file's own rules apply (a
 /// limit with no unit is an error unless it is unlimited). `metadata` is
 /// left out: Tollgate ignores it in rule files too.
-pub fn to_rule_text(config: &RateLimitConfig) -> String {
+pub(crate) fn to_rule_text(config: &RateLimitConfig) -> String {
     json!({
         "domain": config.domain,
         "descriptors": config.descriptors.iter().map(descriptor).collect::<Vec<_>>(),

@@ -1,6 +1,8 @@
 //! Shared helpers for black-box tests: start a real `tollgate serve` on a
 //! free port and talk to it over gRPC.
 #![allow(dead_code, unreachable_pub)]
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -25,7 +25,7 @@ use prost::Message;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
-use tollgate::xds::resource::{RateLimitConfig, TYPE_URL};
+use tollgate::test_util::{RateLimitConfig, TYPE_URL};
 
 /// One request the server received.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use super::access_log::{DEFAULT_FORMAT, Field, field_of};
 
 /// The parts of an Envoy configuration the importer uses.
 #[derive(Debug)]
-pub struct EnvoyConfig {
+pub(crate) struct EnvoyConfig {
     pub(super) path: PathBuf,
     pub(super) domain: String,
     pub(super) stage: u64,
@@ -42,7 +42,7 @@ pub(super) fn find_all<'a>(value: &'a Value, key: &str, out: &mut Vec<&'a Value>
 impl EnvoyConfig {
     /// Reads `path` (YAML or JSON). The first HTTP connection manager with
     /// a rate limit filter is the one used.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub(crate) fn load(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let config: Value = serde_saphyr::from_str(&text)
             .map_err(|e| format!("{}: not an Envoy configuration: {e}", path.display()))?;

@@ -29,15 +29,19 @@ use access_log::template;
 use actions::descriptor;
 use routing::route;
 
-pub use access_log::DEFAULT_FORMAT;
-pub use config::EnvoyConfig;
+#[cfg(test)]
+use access_log::DEFAULT_FORMAT;
+pub(crate) use config::EnvoyConfig;
 
 use super::traffic::{Event, Strings, parse_time};
 
 /// The requests of access log `path`, as `config`'s rate limit filter would
 /// have described them, and notes on what could not be read: each kind of
 /// problem once, with how many lines it affected.
-pub fn import(config: &EnvoyConfig, path: &Path) -> Result<(Vec<Event>, Vec<String>), String> {
+pub(crate) fn import(
+    config: &EnvoyConfig,
+    path: &Path,
+) -> Result<(Vec<Event>, Vec<String>), String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let template = template(&config.text_format);
     let recorded = config.recorded();

@@ -102,10 +102,11 @@ impl Queue {
                 continue;
             }
             if next.deadline <= now {
-                let late = state.waiting.pop_front().expect("front exists");
-                let _ = late
-                    .answer
-                    .send(Answer::Rows(Err(StoreError::Timeout(timeout))));
+                if let Some(late) = state.waiting.pop_front() {
+                    let _ = late
+                        .answer
+                        .send(Answer::Rows(Err(StoreError::Timeout(timeout))));
+                }
                 continue;
             }
             let size = next.part.checks.len();
@@ -213,7 +214,11 @@ impl RedisStore {
                     answered: Some(answered),
                     timeout,
                 };
-                let told = waiting.answered.as_mut().expect("set above").await;
+                // Set just above; taken back (below, or in Drop) only after.
+                let Some(answered) = waiting.answered.as_mut() else {
+                    return Err(StoreError::Timeout(timeout));
+                };
+                let told = answered.await;
                 waiting.answered = None;
                 match told {
                     Ok(Answer::Rows(rows)) => return rows,

@@ -63,6 +63,10 @@ impl Drop for Pending<'_> {
 }
 
 impl RedisStore {
+    #[expect(
+        clippy::expect_used,
+        reason = "called on the Cluster path only, and a Cluster store is built with its routing"
+    )]
     pub(super) fn cluster(&self) -> &Cluster {
         self.inner
             .cluster
