@@ -33,6 +33,9 @@ ensure_check_tools
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
 cargo test --no-fail-fast
+# The slow group: the quota service's timelines through real Envoys (about
+# 80 s), ignored by a plain `cargo test` so it stays short.
+cargo test --test rlqs -- --ignored
 # Nothing the tests started outlives them (servers in statics used to: a
 # watchdog now ends them with the test process; it checks once a second).
 sleep 2

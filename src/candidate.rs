@@ -7,15 +7,15 @@
 //! plots).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, NANOS_PER_SEC, Nanos};
 use crate::limiter::{Decision, Limiter, LimiterOptions, Request};
+use crate::metrics::candidate::{CandidateMetrics, CandidateRule};
 use crate::rules::RuleSet;
-use crate::simulate::replay::{Bin, Outcome, RuleResult};
+use crate::simulate::replay::{Bin, RuleResult, ScenarioResult};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store};
 
 /// Width of the kept bins.
@@ -176,54 +176,33 @@ impl Candidate {
         }
     }
 
-    /// The `tollgate_candidate_*` metrics.
-    pub(crate) fn render_metrics(&self, out: &mut String) {
+    /// The candidate rules' numbers for `/metrics` (rendered by
+    /// [`crate::metrics::candidate`]).
+    pub(crate) fn metrics_snapshot(&self) -> CandidateMetrics {
         let counts = self.counts.lock();
-        // (name, help, value of one rule's counts)
-        type Series = (&'static str, &'static str, fn(&RuleCounts) -> u64);
-        let per_rule: [Series; 2] = [
-            (
-                "tollgate_candidate_requests_total",
-                "Hits the candidate rules matched, per rule.",
-                |c| c.requests,
-            ),
-            (
-                "tollgate_candidate_refused_total",
-                "Hits the candidate rules would have refused, per rule.",
-                |c| c.refused,
-            ),
-        ];
-        for (name, help, value) in per_rule {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (rule, c) in &counts.rules {
-                let mut labels = String::new();
-                crate::metrics::push_label(&mut labels, "rule", rule);
-                let _ = writeln!(out, "{name}{{{}}} {}", &labels[1..], value(c));
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_candidate_decisions_total Requests by how the candidate rules would have answered them against the live rules.\n# TYPE tollgate_candidate_decisions_total counter"
-        );
-        for (outcome, n) in [
-            ("same", counts.same),
-            ("stricter", counts.stricter),
-            ("looser", counts.looser),
-        ] {
-            let _ = writeln!(
-                out,
-                "tollgate_candidate_decisions_total{{outcome=\"{outcome}\"}} {n}"
-            );
+        CandidateMetrics {
+            rules: counts
+                .rules
+                .iter()
+                .map(|(rule, c)| CandidateRule {
+                    rule: rule.to_string(),
+                    requests: c.requests,
+                    refused: c.refused,
+                })
+                .collect(),
+            same: counts.same,
+            stricter: counts.stricter,
+            looser: counts.looser,
         }
     }
 
     /// The last hour as a simulation outcome (bins of 10 s ending now):
     /// every rule, or the `most` that refused most.
-    pub(crate) fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> ScenarioResult {
         self.outcome_of(usize::MAX)
     }
 
-    fn outcome_of(&self, most: usize) -> Outcome {
+    fn outcome_of(&self, most: usize) -> ScenarioResult {
         let now_bin = self.limiter.clock().now() / BIN;
         let first = (now_bin + 1).saturating_sub(BINS as u64);
         let counts = self.counts.lock();
@@ -271,7 +250,7 @@ impl Candidate {
             .iter()
             .filter(|(b, _)| in_hour(*b).is_some())
             .fold((0, 0), |(r, f), (_, b)| (r + b.requests, f + b.refused));
-        Outcome {
+        ScenarioResult {
             scenario: "candidate rules, last hour".into(),
             requests,
             refused,

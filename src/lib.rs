@@ -21,7 +21,8 @@
 //! - [`stats`]: the reference's stat names: statsd output, and a Prometheus
 //!   endpoint through a statsd-exporter mapping file.
 //! - [`otel`]: OTLP tracing spans for ShouldRateLimit calls.
-//! - [`metrics`]: every metric, in the Prometheus text format.
+//! - [`metrics`]: every metric's name and help, and all Prometheus text
+//!   (the quota service's and the candidate rules' too).
 //! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
 //! - [`rlqs`]: Envoy's rate limit quota service (RLQS): shares of a bucket's
@@ -29,6 +30,10 @@
 //! - [`simulate`] and [`candidate`]: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic.
 //! - [`settings`] and [`server`]: the command line and the process around it.
+//!
+//! Five modules are public (`algorithm`, `clock`, `limiter`, `rules`,
+//! `store`); the rest are the crate's own, reached through the re-exports
+//! below. `docs/ARCHITECTURE.md` draws the layers and a request's path.
 
 /// The version, as Cargo.toml says it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{http, http_with_body};
 use common::redis::RedisServer;
-use common::{Tollgate, ask, request};
+use common::{Tollgate, ask, eventually, metric_sum, request};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
@@ -38,22 +38,7 @@ fn metric(server: &Tollgate, name: &str) -> f64 {
     let body = http(server.admin, "GET", "/metrics", &[])
         .expect("metrics")
         .body;
-    body.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls `f` every 20 ms until it holds, for at most `within`.
-async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+    metric_sum(&body, name)
 }
 
 fn write_atomically(path: &Path, text: &str) {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::redis::{RedisServer, free_port};
-use common::{Tollgate, ask, request};
+use common::{Tollgate, ask, request, wait_until};
 
 const RULES: &str =
     "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
@@ -34,14 +34,6 @@ fn cli(port: u16, args: &[&str]) -> String {
         .output()
         .expect("redis-cli is needed by this test (Debian: apt-get install redis-tools)");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !f() {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

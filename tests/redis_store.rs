@@ -469,10 +469,5 @@ fn a_build_without_insecure_tls_refuses_insecure_urls() {
         ],
         &[],
     );
-    assert!(!run.started && !run.success);
-    assert!(
-        run.stderr.contains("#insecure") && run.stderr.contains("--redis-tls-ca"),
-        "{}",
-        run.stderr
-    );
+    run.assert_refused(&["#insecure", "--redis-tls-ca"]);
 }

@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::Tollgate;
+use common::{Tollgate, wait_until};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
@@ -86,14 +86,6 @@ fn quota_call(addr: SocketAddr, body: Chunks) -> http::Request<StreamBody<Chunks
         .expect("request")
 }
 
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[allow(clippy::await_holding_lock)] // the guard only orders this binary's tests
 async fn streams_that_send_only_a_prefix_hold_no_reserved_memory_and_time_out() {
@@ -118,7 +110,7 @@ async fn streams_that_send_only_a_prefix_hold_no_reserved_memory_and_time_out() 
     }
     let t = &tollgate;
     tokio::task::block_in_place(|| {
-        wait_for("2,000 open streams", Duration::from_secs(20), || {
+        wait_until("2,000 open streams", Duration::from_secs(20), || {
             t.metric("tollgate_rlqs_streams") == 2_000
         })
     });
@@ -133,7 +125,7 @@ async fn streams_that_send_only_a_prefix_hold_no_reserved_memory_and_time_out() 
     );
     // They send no report: after --rlqs-idle-timeout they are ended.
     tokio::task::block_in_place(|| {
-        wait_for(
+        wait_until(
             "the silent streams to be ended",
             Duration::from_secs(15),
             || t.metric("tollgate_rlqs_streams") == 0,
@@ -189,7 +181,7 @@ async fn a_stream_that_never_reads_its_answers_is_ended_at_its_byte_bound() {
     }
     let t = &tollgate;
     tokio::task::block_in_place(|| {
-        wait_for("the stream to be ended", Duration::from_secs(10), || {
+        wait_until("the stream to be ended", Duration::from_secs(10), || {
             t.metric("tollgate_rlqs_streams_ended_total") == 1
                 && t.metric("tollgate_rlqs_streams") == 0
         })
@@ -267,7 +259,7 @@ async fn ten_thousand_quota_streams_leave_should_rate_limit_latency_alone() {
     }
     let t = &tollgate;
     tokio::task::block_in_place(|| {
-        wait_for("10,000 open streams", Duration::from_secs(60), || {
+        wait_until("10,000 open streams", Duration::from_secs(60), || {
             let (streams, pairs) = (
                 t.metric("tollgate_rlqs_streams"),
                 t.metric("tollgate_rlqs_pairs"),
@@ -363,7 +355,7 @@ async fn open_stream(
 /// have been reported to it.
 fn grown_once_reported(tollgate: &Tollgate, before: u64, usages: u64) -> u64 {
     tokio::task::block_in_place(|| {
-        wait_for(
+        wait_until(
             &format!("{usages} bucket usages reported"),
             Duration::from_secs(60),
             || tollgate.metric("tollgate_rlqs_bucket_reports_total") == usages,

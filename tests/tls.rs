@@ -159,10 +159,5 @@ fn bad_tls_files_stop_start_up_naming_the_file() {
         ],
         &[],
     );
-    assert!(!run.started && !run.success);
-    assert!(
-        run.stderr.contains("server.pem") && run.stderr.contains("client.key"),
-        "{}",
-        run.stderr
-    );
+    run.assert_refused(&["server.pem", "client.key"]);
 }

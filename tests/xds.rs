@@ -10,12 +10,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::envoy::http;
 use common::tls::Pki;
 use common::xds::{ServerTls, XdsServer};
-use common::{Tollgate, ask, request};
+use common::{Tollgate, ask, eventually, request};
 use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 fn config(name: &str, limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
@@ -37,14 +37,6 @@ fn config(name: &str, limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
 fn health(server: &Tollgate) -> (u16, String) {
     let r = http(server.admin, "GET", "/healthcheck", &[]).expect("health");
     (r.status, r.body)
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what} within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn remaining(server: &Tollgate, user: &str) -> u32 {
@@ -118,7 +110,10 @@ async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_rest
         .await;
     assert!(ack.response_nonce.starts_with("nonce-"), "{ack:?}");
     assert_eq!(ack.error, None);
-    eventually("ready", || health(&server).0 == 200).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || health(&server).0 == 200).await,
+        "ready within 10 s"
+    );
     let rlconfig = http(server.admin, "GET", "/rlconfig", &[])
         .expect("rlconfig")
         .body;

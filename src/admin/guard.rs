@@ -51,13 +51,9 @@ impl Access {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(super) fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
-        let _ = write!(
-            out,
-            "# HELP tollgate_admin_refused_total Admin requests refused: a Host that is not served, a cross-site request, or a /json body not declared as JSON.\n# TYPE tollgate_admin_refused_total counter\ntollgate_admin_refused_total {}\n",
-            self.refused.load(std::sync::atomic::Ordering::Relaxed)
-        );
+    /// Requests refused so far (`tollgate_admin_refused_total`).
+    pub(super) fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a request with this `Host` header is served.

@@ -20,6 +20,7 @@ use axum::routing::{get, post};
 
 use crate::candidate::Candidate;
 use crate::limiter::{LimitError, Limiter};
+use crate::metrics::Others;
 use crate::rlqs::Quotas;
 use crate::store::Store;
 
@@ -186,12 +187,11 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .metrics()
         .circuit_open
         .store(u64::from(open), Ordering::Relaxed);
-    let mut text = s.limiter.metrics().render();
-    s.quotas.render_metrics(&mut text);
-    if let Some(candidate) = &s.candidate {
-        candidate.render_metrics(&mut text);
-    }
-    s.access.render_metrics(&mut text);
+    let text = s.limiter.metrics().render_all(&Others {
+        rlqs: s.quotas.metrics_snapshot(),
+        candidate: s.candidate.as_ref().map(|c| c.metrics_snapshot()),
+        admin_refused: s.access.refused(),
+    });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

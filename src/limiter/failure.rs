@@ -18,8 +18,13 @@ impl Limiter {
             let check = &mut checks[i];
             let mode = plan.limit.failure_mode.unwrap_or(self.options.failure_mode);
             let allowed = mode == FailureMode::Allow;
-            self.metrics.failure_mode[mode as usize]
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let counted = &self.metrics.failure_mode;
+            let counter = match mode {
+                FailureMode::Allow => &counted.allow,
+                FailureMode::Deny => &counted.deny,
+                FailureMode::Local => &counted.local,
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             check.outcome = Some(crate::algorithm::Outcome {
                 allowed,
                 remaining: if allowed {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{
-    AppliedLimit, Decision, LimitError, LimitStatus, Limiter, Plan, Planned, Status,
+    AppliedLimit, Decision, DescriptorStatus, LimitError, LimitStatus, Limiter, Plan, Planned,
     response_headers,
 };
 use crate::clock::Clock;
@@ -76,14 +76,14 @@ impl Limiter {
             let decided = decided.map(|(_, s)| s);
             let is_unlimited = unlimited.next_if_eq(&&d).is_some();
             statuses.push(match decided {
-                Some(s) => Status {
+                Some(s) => DescriptorStatus {
                     over_limit: s.over_limit,
                     limit: Some(s.limit),
                     remaining: s.remaining,
                     reset: s.reset,
                     others,
                 },
-                None => Status {
+                None => DescriptorStatus {
                     over_limit: false,
                     limit: None,
                     remaining: if is_unlimited { u32::MAX } else { 0 },

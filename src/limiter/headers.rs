@@ -7,7 +7,7 @@
 //! Shadow-mode limits are left out: they are not enforced, and advertising
 //! them would have clients slow down for a limit that is only being watched.
 
-use super::Status;
+use super::DescriptorStatus;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.
@@ -40,13 +40,16 @@ fn sf_string(out: &mut String, s: &str) {
 }
 
 /// The headers for a decision.
-pub fn response_headers(statuses: &[Status], over_limit: bool) -> Vec<(&'static str, String)> {
+pub fn response_headers(
+    statuses: &[DescriptorStatus],
+    over_limit: bool,
+) -> Vec<(&'static str, String)> {
     let mut policy = String::with_capacity(64);
     let mut current = String::with_capacity(64);
     let mut retry: Option<Nanos> = None;
     let mut never = false;
     // Every enforced limit: each descriptor's deciding one and its others.
-    let limits = statuses.iter().flat_map(Status::limits);
+    let limits = statuses.iter().flat_map(DescriptorStatus::limits);
     for (limit, over_limit, remaining, reset) in limits {
         if limit.shadow {
             continue;

@@ -8,8 +8,8 @@ mod headers;
 mod observe;
 mod options;
 mod plan;
-mod resolve;
 mod types;
+mod validate;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,8 +25,8 @@ pub use headers::response_headers;
 pub use options::{LimiterOptions, RequestBounds};
 use plan::Plan;
 pub use types::{
-    AppliedLimit, Decision, Descriptor, LimitError, LimitOverride, LimitStatus, Request, Status,
-    StoreCall,
+    AppliedLimit, Decision, Descriptor, DescriptorStatus, LimitError, LimitOverride, LimitStatus,
+    Request, StoreCall,
 };
 
 /// Decides requests against the current rules and the store.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::resolve::{drop_replaced, validate};
+use super::validate::{drop_replaced, validate};
 use super::{LimitError, Limiter, Planned, Request};
 use crate::rules::{Limit, Rule};
 use crate::store::{Check, CounterKey};

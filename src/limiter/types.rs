@@ -42,7 +42,7 @@ pub struct LimitOverride {
 
 /// The answer for one descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
+pub struct DescriptorStatus {
     /// Whether this descriptor is over its limit (false in shadow mode).
     pub over_limit: bool,
     /// The limit that decided, if any: of several (`rate_limits`), the one
@@ -57,7 +57,7 @@ pub struct Status {
     pub others: Vec<LimitStatus>,
 }
 
-impl Status {
+impl DescriptorStatus {
     /// Every limit of the descriptor, the deciding one first, as
     /// `(limit, over_limit, remaining, reset)`.
     pub fn limits(&self) -> impl Iterator<Item = (&AppliedLimit, bool, u32, Nanos)> {
@@ -73,7 +73,7 @@ impl Status {
     }
 }
 
-/// One of a descriptor's several limits, as [`Status`] reports the deciding one.
+/// One of a descriptor's several limits, as [`DescriptorStatus`] reports the deciding one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitStatus {
     /// Whether this limit refused (false in shadow mode).
@@ -82,7 +82,7 @@ pub struct LimitStatus {
     pub limit: AppliedLimit,
     /// Hits left.
     pub remaining: u32,
-    /// As [`Status::reset`].
+    /// As [`DescriptorStatus::reset`].
     pub reset: Nanos,
 }
 
@@ -112,7 +112,7 @@ pub struct Decision {
     /// Whether the request is refused.
     pub over_limit: bool,
     /// One status per request descriptor, in order.
-    pub statuses: Vec<Status>,
+    pub statuses: Vec<DescriptorStatus>,
     /// Response headers to add (empty when headers are switched off).
     pub headers: Vec<(&'static str, String)>,
 }

@@ -73,14 +73,23 @@ pub(crate) struct QuotaMetrics {
     /// `max_buckets`, `max_bucket_bytes`, `max_buckets_per_stream` or
     /// `max_pairs`.
     pub buckets_refused: AtomicU64,
-    /// Assignments sent: token bucket, allow all, deny all, abandon.
-    pub assignments: [AtomicU64; 4],
+    /// Assignments sent, by action.
+    pub assignments: AssignmentCounters,
     /// Exchanges with the store that failed.
     pub store_errors: AtomicU64,
     /// Streams ever opened.
     pub streams_opened: AtomicU64,
     /// Streams ended because they did not read their answers.
     pub streams_ended: AtomicU64,
+}
+
+/// Assignments sent, by action.
+#[derive(Debug, Default)]
+pub(crate) struct AssignmentCounters {
+    pub token_bucket: AtomicU64,
+    pub allow_all: AtomicU64,
+    pub deny_all: AtomicU64,
+    pub abandon: AtomicU64,
 }
 
 /// The quota service's state; see the module documentation.
@@ -90,7 +99,7 @@ pub struct Quotas {
     pub(super) limiter: Arc<Limiter>,
     pub(super) options: QuotaOptions,
     pub(super) state: Mutex<State>,
-    /// Counters, rendered with [`Quotas::render_metrics`].
+    /// Counters, read by [`Quotas::metrics_snapshot`].
     pub(crate) metrics: QuotaMetrics,
 }
 

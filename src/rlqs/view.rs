@@ -1,5 +1,6 @@
-//! What operators see of the quota service: its Prometheus lines and the
-//! JSON view of its buckets.
+//! What operators see of the quota service: its numbers for `/metrics`
+//! (named and written in `crate::metrics::rlqs`) and the JSON view of its
+//! buckets.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,115 +11,29 @@ use super::options::DEMAND_STALE;
 use super::quotas::Quotas;
 use super::share::{Assignment, Claim};
 use crate::clock::NANOS_PER_SEC;
+use crate::metrics::rlqs::{Assignments, RlqsMetrics, RuleRequests, RuleUsage};
 
 impl Quotas {
-    /// The Prometheus lines of the quota service.
-    pub(crate) fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
+    /// The quota service's numbers for `/metrics` (rendered by
+    /// [`crate::metrics::rlqs`]).
+    pub(crate) fn metrics_snapshot(&self) -> RlqsMetrics {
         let now = self.now();
         let state = self.state.lock();
         let m = &self.metrics;
-        let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        };
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        };
-        gauge(
-            out,
-            "tollgate_rlqs_streams",
-            "Open quota streams.",
-            state.streams.len() as f64,
-        );
-        gauge(
-            out,
-            "tollgate_rlqs_buckets",
-            "Quota buckets tracked.",
-            state.buckets.len() as f64,
-        );
-        gauge(
-            out,
-            "tollgate_rlqs_bucket_bytes",
-            "Bytes the tracked buckets' names and entries take (--rlqs-max-bucket-bytes).",
-            state.bucket_bytes as f64,
-        );
-        gauge(
-            out,
-            "tollgate_rlqs_pairs",
-            "(stream, bucket) pairs held (--rlqs-max-pairs).",
-            state.pairs as f64,
-        );
-        let counters = [
-            (
-                "tollgate_rlqs_streams_opened_total",
-                "Quota streams opened.",
-                &m.streams_opened,
-            ),
-            (
-                "tollgate_rlqs_reports_total",
-                "Usage report messages received.",
-                &m.reports,
-            ),
-            (
-                "tollgate_rlqs_bucket_reports_total",
-                "Bucket usages received.",
-                &m.bucket_reports,
-            ),
-            (
-                "tollgate_rlqs_buckets_refused_total",
-                "Bucket usages not answered: empty id, above --max-entries or --max-value-bytes, or past --rlqs-max-buckets, --rlqs-max-buckets-per-stream or --rlqs-max-pairs.",
-                &m.buckets_refused,
-            ),
-            (
-                "tollgate_rlqs_streams_ended_total",
-                "Quota streams ended for not reading their answers (--rlqs-max-queued-bytes).",
-                &m.streams_ended,
-            ),
-            (
-                "tollgate_rlqs_store_errors_total",
-                "Failed exchanges with the store.",
-                &m.store_errors,
-            ),
-        ];
-        for (name, help, value) in counters {
-            counter(out, name, help, value.load(Ordering::Relaxed));
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rlqs_assignments_total Assignments sent, by action.\n# TYPE tollgate_rlqs_assignments_total counter"
-        );
-        for (i, action) in ["token_bucket", "allow_all", "deny_all", "abandon"]
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let requests = state
+            .per_rule
             .iter()
-            .enumerate()
-        {
-            let _ = writeln!(
-                out,
-                "tollgate_rlqs_assignments_total{{action=\"{action}\"}} {}",
-                m.assignments[i].load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rlqs_requests_total Requests Envoy reported, per rule and result.\n# TYPE tollgate_rlqs_requests_total counter"
-        );
-        for ((domain, rule), c) in &state.per_rule {
-            for (result, value) in [("allowed", c.allowed), ("denied", c.denied)] {
-                let labels = rule_labels(domain, rule);
-                let _ = writeln!(
-                    out,
-                    "tollgate_rlqs_requests_total{{{labels},result=\"{result}\"}} {value}"
-                );
-            }
-        }
+            .map(|((domain, rule), c)| RuleRequests {
+                domain: domain.clone(),
+                rule: rule.clone(),
+                allowed: c.allowed,
+                denied: c.denied,
+            })
+            .collect();
         // Global usage per rule: every instance's demand, and what was
         // admitted in the current window (counted periods only).
-        let mut demand: BTreeMap<(&str, &str), (f64, u64)> = BTreeMap::new();
+        let mut usage: BTreeMap<(&str, &str), (f64, u64)> = BTreeMap::new();
         for bucket in state.buckets.values() {
             let Some(rule) = bucket.resolved.rule() else {
                 continue;
@@ -130,30 +45,37 @@ impl Quotas {
                 .filter(|d| now.saturating_sub(d.at) <= DEMAND_STALE)
                 .filter_map(|d| d.rate)
                 .sum();
-            let entry = demand.entry((&bucket.domain, &rule.path)).or_default();
+            let entry = usage.entry((&bucket.domain, &rule.path)).or_default();
             entry.0 += local;
             entry.1 += bucket.global.used;
         }
-        // (name, help, value of one rule's (demand, used))
-        type Series = (&'static str, &'static str, fn(&(f64, u64)) -> String);
-        let per_rule: [Series; 2] = [
-            (
-                "tollgate_rlqs_demand",
-                "Requests per second this instance's clients reported, per rule.",
-                |(rate, _)| rate.to_string(),
-            ),
-            (
-                "tollgate_rlqs_window_used",
-                "Requests admitted in the current window by every instance, per rule (periods of a minute or more).",
-                |(_, used)| used.to_string(),
-            ),
-        ];
-        for (name, help, value) in per_rule {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for ((domain, rule), v) in &demand {
-                let labels = rule_labels(domain, rule);
-                let _ = writeln!(out, "{name}{{{labels}}} {}", value(v));
-            }
+        RlqsMetrics {
+            streams: state.streams.len(),
+            buckets: state.buckets.len(),
+            bucket_bytes: state.bucket_bytes,
+            pairs: state.pairs,
+            streams_opened: load(&m.streams_opened),
+            reports: load(&m.reports),
+            bucket_reports: load(&m.bucket_reports),
+            buckets_refused: load(&m.buckets_refused),
+            streams_ended: load(&m.streams_ended),
+            store_errors: load(&m.store_errors),
+            assignments: Assignments {
+                token_bucket: load(&m.assignments.token_bucket),
+                allow_all: load(&m.assignments.allow_all),
+                deny_all: load(&m.assignments.deny_all),
+                abandon: load(&m.assignments.abandon),
+            },
+            requests,
+            usage: usage
+                .into_iter()
+                .map(|((domain, rule), (demand, window_used))| RuleUsage {
+                    domain: domain.to_owned(),
+                    rule: rule.to_owned(),
+                    demand,
+                    window_used,
+                })
+                .collect(),
         }
     }
 
@@ -257,14 +179,6 @@ impl Quotas {
             "streams": streams,
         })
     }
-}
-
-/// `domain="…",rule="…"`, escaped.
-fn rule_labels(domain: &str, rule: &str) -> String {
-    let mut labels = String::new();
-    crate::metrics::push_label(&mut labels, "domain", domain);
-    crate::metrics::push_label(&mut labels, "rule", rule);
-    labels.split_off(1)
 }
 
 fn assignment_json(a: &Assignment) -> serde_json::Value {

@@ -112,12 +112,13 @@ impl Quotas {
                 }),
             }),
         };
-        let kind = match assignment {
-            Assignment::TokenBucket { .. } => 0,
-            Assignment::AllowAll => 1,
-            Assignment::DenyAll => 2,
+        let sent = &self.metrics.assignments;
+        let counter = match assignment {
+            Assignment::TokenBucket { .. } => &sent.token_bucket,
+            Assignment::AllowAll => &sent.allow_all,
+            Assignment::DenyAll => &sent.deny_all,
         };
-        self.metrics.assignments[kind].fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Relaxed);
         BucketAction {
             bucket_id: Some(bucket_id(entries)),
             bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
@@ -130,7 +131,10 @@ impl Quotas {
     }
 
     pub(super) fn abandon(&self, entries: &[(String, String)]) -> BucketAction {
-        self.metrics.assignments[3].fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .assignments
+            .abandon
+            .fetch_add(1, Ordering::Relaxed);
         BucketAction {
             bucket_id: Some(bucket_id(entries)),
             bucket_action: Some(Action::AbandonAction(AbandonAction {})),

@@ -9,7 +9,7 @@
 //! is.
 
 use crate::clock::Nanos;
-use crate::limiter::{AppliedLimit, Decision, Status};
+use crate::limiter::{AppliedLimit, Decision, DescriptorStatus};
 
 use super::{duration, unit_to_proto};
 
@@ -101,7 +101,7 @@ fn duration_len(n: Nanos) -> usize {
 /// the reset's (sent with a limit only, as `to_proto` does).
 type Nested<'a> = Option<(&'a AppliedLimit, usize, usize)>;
 
-fn nested(s: &Status) -> Nested<'_> {
+fn nested(s: &DescriptorStatus) -> Nested<'_> {
     s.limit
         .as_ref()
         .map(|l| (l, limit_len(l), duration_len(s.reset)))
@@ -109,7 +109,7 @@ fn nested(s: &Status) -> Nested<'_> {
 
 /// `DescriptorStatus`: code = 1, current_limit = 2, limit_remaining = 3,
 /// duration_until_reset = 4.
-fn status_len(s: &Status, nested: Nested<'_>) -> usize {
+fn status_len(s: &DescriptorStatus, nested: Nested<'_>) -> usize {
     varint_field_len(code(s.over_limit))
         + varint_field_len(u64::from(s.remaining))
         + nested.map_or(0, |(_, limit, reset)| {
@@ -207,7 +207,7 @@ mod tests {
             })
     }
 
-    fn status() -> impl Strategy<Value = Status> {
+    fn status() -> impl Strategy<Value = DescriptorStatus> {
         (
             any::<bool>(),
             proptest::option::of(limit()),
@@ -218,7 +218,7 @@ mod tests {
                 any::<u64>().prop_map(|n| n % (400 * 86_400 * NANOS_PER_SEC))
             ],
         )
-            .prop_map(|(over_limit, limit, remaining, reset)| Status {
+            .prop_map(|(over_limit, limit, remaining, reset)| DescriptorStatus {
                 over_limit,
                 limit,
                 remaining,

@@ -10,7 +10,7 @@ use crate::algorithm::Algorithm;
 use crate::calendar::Zone;
 
 /// Where a problem is, and what it is.
-pub(super) type Report<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);
+pub(super) type ErrorSink<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);
 
 /// The limit of `rl` (on the descriptor `path`, written at `pos`), or `None`
 /// for `unlimited: true` and after reporting a problem (the caller tells
@@ -20,7 +20,7 @@ pub(super) fn compile(
     path: &str,
     pos: Option<(u32, u32)>,
     options: &LoadOptions,
-    err: Report<'_>,
+    err: ErrorSink<'_>,
 ) -> Option<Limit> {
     if rl.unlimited.unwrap_or(false) {
         for (field, p) in [
@@ -244,7 +244,7 @@ fn calendar_zone(
     pos: Option<(u32, u32)>,
     (unit, algorithm): (Option<Unit>, Option<Algorithm>),
     options: &LoadOptions,
-    err: Report<'_>,
+    err: ErrorSink<'_>,
 ) -> Option<Option<&'static Zone>> {
     let calendar = rl.calendar.as_ref().filter(|c| c.value);
     let Some(flag) = calendar else {
@@ -302,7 +302,7 @@ fn lease(
     path: &str,
     pos: Option<(u32, u32)>,
     (requests_per_unit, burst): (Option<u32>, Option<u32>),
-    err: Report<'_>,
+    err: ErrorSink<'_>,
 ) -> Option<u32> {
     let leased = match &rl.consistency {
         None => false,

@@ -109,13 +109,13 @@ pub(crate) struct Serve {
     /// The quota service (RLQS) over the same rules and store.
     pub quotas: Arc<Quotas>,
     /// Candidate rules evaluated beside the live ones, and their reloader.
-    pub candidate: Option<(Arc<Candidate>, Arc<Reloader>)>,
+    pub candidate: Option<CandidateRules>,
     /// gRPC listeners, one worker thread each (see [`bind_grpc`]).
     pub grpc: Vec<std::net::TcpListener>,
     /// Admin HTTP listeners.
     pub admin: Vec<std::net::TcpListener>,
     /// Hot reload, and how often to look for changes (`None`: SIGHUP only).
-    pub reloader: Option<(Arc<Reloader>, Option<Duration>)>,
+    pub reloader: Option<HotReload>,
     /// How long health checks fail before listeners close on shutdown.
     pub shutdown_delay: Duration,
     /// Bounds on connections and calls.
@@ -137,6 +137,23 @@ pub(crate) struct Serve {
     pub reference_metrics: Option<ReferenceMetrics>,
     /// Tracing of ShouldRateLimit calls.
     pub otel: Option<Arc<crate::otel::Otel>>,
+}
+
+/// Candidate rules: the rule set evaluated beside the live one, and what
+/// reloads it (with the live rules: on the same poll and SIGHUP).
+pub(crate) struct CandidateRules {
+    /// The candidate rules and their counters.
+    pub candidate: Arc<Candidate>,
+    /// Their reloader.
+    pub reloader: Arc<Reloader>,
+}
+
+/// Hot reload of the live rules.
+pub(crate) struct HotReload {
+    /// The reloader.
+    pub reloader: Arc<Reloader>,
+    /// How often to look for changes (`None`: on SIGHUP only).
+    pub interval: Option<Duration>,
 }
 
 /// The reference's stats served as Prometheus metrics.
@@ -193,9 +210,12 @@ pub(crate) fn run(
 
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
-        let service = RlsService::new(limiter.clone(), candidate.as_ref().map(|(c, _)| c.clone()))
-            .with_tracing(otel.clone())
-            .into_server();
+        let service = RlsService::new(
+            limiter.clone(),
+            candidate.as_ref().map(|c| c.candidate.clone()),
+        )
+        .with_tracing(otel.clone())
+        .into_server();
         let rlqs_message_bytes = limiter.options().bounds.request_bytes;
         let quota_service = RlqsService::new(quotas.clone()).into_server(rlqs_message_bytes);
         let limits = limits.clone();
@@ -229,7 +249,7 @@ pub(crate) fn run(
             let router = crate::admin::router(
                 limiter.clone(),
                 quotas.clone(),
-                candidate.as_ref().map(|(c, _)| c.clone()),
+                candidate.as_ref().map(|c| c.candidate.clone()),
                 health.clone(),
                 admin_access.clone(),
             );
@@ -245,7 +265,7 @@ pub(crate) fn run(
         // follows the active keys. The sweep walks every shard: it runs on a
         // blocking thread, away from the runtime that answers health checks.
         let sweeper = limiter.clone();
-        let candidate_sweeper = candidate.as_ref().map(|(c, _)| c.limiter().clone());
+        let candidate_sweeper = candidate.as_ref().map(|c| c.candidate.limiter().clone());
         tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
             sweeper.sweep(sweeper.clock().now());
             if let Some(c) = &candidate_sweeper {
@@ -306,8 +326,8 @@ pub(crate) fn run(
                 set_health(&reporter, status).await;
             }
         }));
-        if let Some((reloader, interval)) = reloader {
-            let candidate_reloader = candidate.as_ref().map(|(_, r)| r.clone());
+        if let Some(HotReload { reloader, interval }) = reloader {
+            let candidate_reloader = candidate.as_ref().map(|c| c.reloader.clone());
             if let Some(interval) = interval {
                 let watcher = reloader.clone();
                 let candidate_watcher = candidate_reloader.clone();

@@ -9,6 +9,7 @@ use crate::limiter::{Limiter, LimiterOptions};
 use crate::reload::Reloader;
 use crate::rlqs::{QuotaOptions, Quotas, Unmatched};
 use crate::rules::{load_paths, load_sources};
+use crate::server::{CandidateRules, HotReload};
 use crate::settings::{OnOff, OnStoreError, ServeArgs, StoreKind, UnmatchedArg};
 use crate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
@@ -180,7 +181,10 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
             args.load_options(),
             candidate.limiter().clone(),
         ));
-        Some((candidate, reloader))
+        Some(CandidateRules {
+            candidate,
+            reloader,
+        })
     };
     let serve = super::Serve {
         limiter,
@@ -188,7 +192,10 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
         candidate,
         grpc: listeners,
         admin,
-        reloader: reloader.map(|r| (r, watch)),
+        reloader: reloader.map(|reloader| HotReload {
+            reloader,
+            interval: watch,
+        }),
         xds,
         shutdown_delay: args.shutdown_delay,
         limits: super::ConnectionLimits {

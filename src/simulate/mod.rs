@@ -19,7 +19,7 @@ pub(crate) mod replay;
 pub(crate) mod report;
 pub(crate) mod traffic;
 
-pub(crate) use replay::{Outcome, replay};
+pub(crate) use replay::{ScenarioResult, replay};
 pub(crate) use traffic::{Event, Generate};
 
 /// The most bins of a series (per rule and scenario): a narrow `--bin`
@@ -108,7 +108,7 @@ pub(crate) fn run(
     sim: &Simulation,
     events: &[Event],
     progress: &dyn Fn(u64),
-) -> Result<Vec<Outcome>, String> {
+) -> Result<Vec<ScenarioResult>, String> {
     let span = events.last().map_or(0, |e| e.at) - events.first().map_or(0, |e| e.at);
     let bin = sim.bin.unwrap_or_else(|| replay::bin_for(span, 300));
     let bins = span / bin.max(1) + 1;

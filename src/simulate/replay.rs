@@ -64,7 +64,7 @@ impl RuleResult {
 
 /// The outcome of replaying the traffic under one rule set and algorithm.
 #[derive(Debug, Clone, serde::Serialize)]
-pub(crate) struct Outcome {
+pub(crate) struct ScenarioResult {
     /// The scenario, e.g. `rules.yaml, sliding_window`.
     pub scenario: String,
     /// Requests replayed.
@@ -99,7 +99,7 @@ pub(crate) fn replay(
     events: &[Event],
     bin: Nanos,
     progress: &dyn Fn(u64),
-) -> Outcome {
+) -> ScenarioResult {
     let start = events.first().map_or(0, |e| e.at);
     let end = events.last().map_or(0, |e| e.at);
     let bins = ((end - start) / bin.max(1) + 1) as usize;
@@ -226,7 +226,7 @@ pub(crate) fn replay(
             t.result
         })
         .collect();
-    Outcome {
+    ScenarioResult {
         scenario: scenario.into(),
         requests,
         refused,

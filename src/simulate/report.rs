@@ -7,10 +7,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::replay::{Outcome, RuleResult};
+use super::replay::{RuleResult, ScenarioResult};
 
 /// The summary as people read it.
-pub(crate) fn summary_text(outcomes: &[Outcome]) -> String {
+pub(crate) fn summary_text(outcomes: &[ScenarioResult]) -> String {
     let mut out = String::new();
     for o in outcomes {
         let share = |n: u64, of: u64| {
@@ -63,13 +63,13 @@ pub(crate) fn summary_text(outcomes: &[Outcome]) -> String {
 }
 
 /// `summary.json`: per scenario, per rule.
-pub(crate) fn summary_json(outcomes: &[Outcome]) -> serde_json::Value {
+pub(crate) fn summary_json(outcomes: &[ScenarioResult]) -> serde_json::Value {
     serde_json::json!({ "scenarios": outcomes })
 }
 
 /// `series.csv`: scenario, rule, bin start (seconds from the first event),
 /// requests, admitted, refused.
-pub(crate) fn series_csv(outcomes: &[Outcome]) -> String {
+pub(crate) fn series_csv(outcomes: &[ScenarioResult]) -> String {
     let mut out = String::from("scenario,rule,second,requests,admitted,refused\n");
     for o in outcomes {
         for r in &o.rules {
@@ -124,7 +124,7 @@ fn csv(text: &str) -> String {
 }
 
 /// `series.json`: the same as `series.csv`, per scenario and rule.
-pub(crate) fn series_json(outcomes: &[Outcome]) -> serde_json::Value {
+pub(crate) fn series_json(outcomes: &[ScenarioResult]) -> serde_json::Value {
     let scenarios: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| {
@@ -236,7 +236,7 @@ fn escape(text: &str) -> String {
 
 /// Every plot, per outcome and rule (in their order), titled with the
 /// scenario and the limit.
-fn plots(outcomes: &[Outcome]) -> Vec<Vec<String>> {
+fn plots(outcomes: &[ScenarioResult]) -> Vec<Vec<String>> {
     outcomes
         .iter()
         .map(|o| {
@@ -250,12 +250,12 @@ fn plots(outcomes: &[Outcome]) -> Vec<Vec<String>> {
 
 /// `report.html`: per rule, a row with its plot under each scenario, and the
 /// summary table. Self-contained: no scripts, styles or fonts from elsewhere.
-pub(crate) fn report_html(outcomes: &[Outcome]) -> String {
+pub(crate) fn report_html(outcomes: &[ScenarioResult]) -> String {
     html_with(outcomes, &plots(outcomes))
 }
 
 /// `report.html` with the plots already drawn.
-fn html_with(outcomes: &[Outcome], plots: &[Vec<String>]) -> String {
+fn html_with(outcomes: &[ScenarioResult], plots: &[Vec<String>]) -> String {
     let mut html = String::from(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>tollgate simulate</title>\n<style>\nbody{font-family:sans-serif;margin:24px;color:#222}\n.row{display:flex;flex-wrap:wrap;gap:12px}\n.plot{border:1px solid #ddd}\ntable{border-collapse:collapse}td,th{border:1px solid #ddd;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}\n</style></head><body>\n<h1>tollgate simulate</h1>\n",
     );
@@ -317,7 +317,7 @@ fn html_with(outcomes: &[Outcome], plots: &[Vec<String>]) -> String {
 }
 
 /// Writes every output file into `dir`.
-pub(crate) fn write_all(dir: &Path, outcomes: &[Outcome]) -> Result<(), String> {
+pub(crate) fn write_all(dir: &Path, outcomes: &[ScenarioResult]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let write = |name: &str, text: String| write_file(&dir.join(name), text.as_bytes());
     write(

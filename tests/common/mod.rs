@@ -199,6 +199,58 @@ pub struct Run {
     pub success: bool,
 }
 
+impl Run {
+    /// The process refused to start, and its error names each of `naming`
+    /// (the setting, the file, the variable...).
+    pub fn assert_refused(&self, naming: &[&str]) {
+        assert!(
+            !self.started && !self.success,
+            "expected a refusal naming {naming:?}; it started: {}{}",
+            self.stdout,
+            self.stderr
+        );
+        for name in naming {
+            assert!(
+                self.stderr.contains(name),
+                "the refusal does not name {name}: {}",
+                self.stderr
+            );
+        }
+    }
+}
+
+/// Polls `done` every 20 ms until it holds; fails the test, naming `what`,
+/// after `within`.
+pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `done` every 20 ms (on Tokio's clock, so other tasks run) until
+/// it holds, for at most `within`; whether it did.
+pub async fn eventually(within: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The sum of a family's samples (`name value` and `name{...} value`
+/// lines) in a `/metrics` body.
+pub fn metric_sum(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Runs `tollgate serve` on free ports with `args` and `env` until it
 /// listens (then stops it with SIGTERM) or exits by itself, within 20 s.
 pub fn run_briefly(args: &[&str], env: &[(&str, &str)]) -> Run {

@@ -18,12 +18,12 @@ pub(super) struct Part {
     /// The request's time, in microseconds since the epoch.
     pub(super) now_us: u64,
     /// The checks' arguments, in order.
-    pub(super) checks: SmallVec<[CheckArgs; 4]>,
+    pub(super) checks: SmallVec<[ScriptCheck; 4]>,
 }
 
 /// One check's script arguments (see `batch.lua`); the keys come from the
 /// part's `keys`.
-pub(super) struct CheckArgs {
+pub(super) struct ScriptCheck {
     /// `b'f'`, `b's'` or `b't'` (`script_code`).
     pub(super) code: u8,
     pub(super) limit: u32,

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::RedisStore;
 
 use super::options::RedisTarget;
-use super::script::{CheckArgs, Part, Rows};
+use super::script::{Part, Rows, ScriptCheck};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
 use crate::calendar::Window;
 use crate::clock::Nanos;
@@ -166,7 +166,7 @@ impl RedisStore {
                 (true, true) if group.quota_here => b'q',
                 (true, true) => b'Q',
             };
-            CheckArgs {
+            ScriptCheck {
                 code: script_code(c.algorithm).as_bytes()[0],
                 limit: c.quota.limit,
                 a,

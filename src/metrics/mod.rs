@@ -1,4 +1,6 @@
-//! Every metric in one place, written in the Prometheus text format.
+//! Every metric in one place, written in the Prometheus text format: the
+//! limiter's and the store's here, the quota service's in [`rlqs`], the
+//! candidate rules' in [`candidate`], all through [`exposition`].
 //!
 //! Names and labels follow envoyproxy/ratelimit's Prometheus mapping
 //! (`ratelimit_service_rate_limit_*{domain, key1, key2, ...}`), so existing
@@ -18,6 +20,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
+
+pub(crate) mod candidate;
+mod exposition;
+pub(crate) mod rlqs;
+
+use candidate::CandidateMetrics;
+use exposition::{Exposition, Kind};
+use rlqs::RlqsMetrics;
 
 /// Counters of one limit (one label set).
 #[derive(Debug, Default)]
@@ -62,7 +72,7 @@ impl Histogram {
     }
 
     fn write(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        Exposition::new(out).family(name, help, Kind::Histogram);
         self.write_series(out, name, "");
     }
 
@@ -137,6 +147,28 @@ impl Samples {
     }
 }
 
+/// Descriptors answered from each failure mode.
+#[derive(Debug, Default)]
+pub struct FailureModeCounters {
+    /// `failure_mode: allow`.
+    pub allow: AtomicU64,
+    /// `failure_mode: deny`.
+    pub deny: AtomicU64,
+    /// `failure_mode: local` (the in-process fallback).
+    pub local: AtomicU64,
+}
+
+/// What `/metrics` shows beside the limiter's own: each subsystem's
+/// numbers, read at one moment.
+pub(crate) struct Others {
+    /// The quota service.
+    pub rlqs: RlqsMetrics,
+    /// The candidate rules, when configured.
+    pub candidate: Option<CandidateMetrics>,
+    /// Admin requests refused.
+    pub admin_refused: u64,
+}
+
 /// Every metric of the process.
 #[derive(Debug)]
 pub struct Metrics {
@@ -167,8 +199,8 @@ pub struct Metrics {
     pub store_circuit_open: AtomicU64,
     /// Store errors: other.
     pub store_error: AtomicU64,
-    /// Descriptors answered from a failure mode: allow, deny, local.
-    pub failure_mode: [AtomicU64; 3],
+    /// Descriptors answered from a failure mode.
+    pub failure_mode: FailureModeCounters,
     /// 1 while the store's circuit is open.
     pub circuit_open: AtomicU64,
     /// Rule loads that succeeded.
@@ -254,8 +286,31 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// The limiter's and the store's families (the tests read these alone).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
+        self.write_own(&mut out);
+        out
+    }
+
+    /// Everything `/metrics` shows: these families, then each subsystem's.
+    pub(crate) fn render_all(&self, others: &Others) -> String {
+        let mut out = String::with_capacity(8192);
+        self.write_own(&mut out);
+        let mut e = Exposition::new(&mut out);
+        rlqs::render(&mut e, &others.rlqs);
+        if let Some(c) = &others.candidate {
+            candidate::render(&mut e, c);
+        }
+        e.counter(
+            "tollgate_admin_refused_total",
+            "Admin requests refused: a Host that is not served, a cross-site request, or a /json body not declared as JSON.",
+            others.admin_refused,
+        );
+        out
+    }
+
+    fn write_own(&self, out: &mut String) {
         let limits = self.limits.read();
         let per_limit: [(&str, &str, Field); 5] = [
             ("total_hits", "Hits asked for, per limit.", |s| {
@@ -278,139 +333,116 @@ impl Metrics {
                 |s| &s.shadow_mode,
             ),
         ];
+        let overflowed = self.series_overflow.load(Ordering::Relaxed) > 0;
         for (name, help, field) in per_limit {
             let metric = format!("ratelimit_service_rate_limit_{name}");
-            let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+            let mut e = Exposition::new(out);
+            e.family(&metric, help, Kind::Counter);
             for (labels, stats) in limits.iter() {
-                let _ = writeln!(
-                    out,
-                    "{metric}{{{labels}}} {}",
-                    field(stats).load(Ordering::Relaxed)
-                );
+                e.sample(&metric, labels, field(stats).load(Ordering::Relaxed));
             }
-            if self.series_overflow.load(Ordering::Relaxed) > 0 {
-                let _ = writeln!(
-                    out,
-                    "{metric}{{overflow=\"true\"}} {}",
-                    field(&self.overflow).load(Ordering::Relaxed)
+            if overflowed {
+                e.sample(
+                    &metric,
+                    "overflow=\"true\"",
+                    field(&self.overflow).load(Ordering::Relaxed),
                 );
             }
         }
         drop(limits);
         self.response_time.write(
-            &mut out,
+            out,
             "ratelimit_server_should_rate_limit_response_time_seconds",
             "ShouldRateLimit latency.",
         );
-        let counters: [(&str, &str, &AtomicU64, &str); 12] = [
-            (
-                "tollgate_metric_series_overflow_total",
-                "Hits counted in the overflow series because --max-metric-series label sets made from requests exist.",
-                &self.series_overflow,
-                "counter",
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut e = Exposition::new(out);
+        e.counter(
+            "tollgate_metric_series_overflow_total",
+            "Hits counted in the overflow series because --max-metric-series label sets made from requests exist.",
+            load(&self.series_overflow),
+        )
+        .counter(
+            "ratelimit_service_call_should_rate_limit_service_error",
+            "Requests refused as malformed (INVALID_ARGUMENT).",
+            load(&self.invalid_argument),
+        )
+        .counter(
+            "ratelimit_service_call_should_rate_limit_redis_error",
+            "Requests answered UNAVAILABLE because the store failed.",
+            load(&self.unavailable),
+        )
+        .counter(
+            "tollgate_store_timeouts_total",
+            "Store calls that timed out.",
+            load(&self.store_timeout),
+        )
+        .counter(
+            "tollgate_store_circuit_open_total",
+            "Store calls not attempted because the circuit was open.",
+            load(&self.store_circuit_open),
+        )
+        .counter(
+            "tollgate_store_errors_total",
+            "Other store errors.",
+            load(&self.store_error),
+        )
+        .counter(
+            "tollgate_failure_mode_allow_total",
+            "Descriptors admitted by failure_mode allow.",
+            load(&self.failure_mode.allow),
+        )
+        .counter(
+            "tollgate_failure_mode_deny_total",
+            "Descriptors refused by failure_mode deny.",
+            load(&self.failure_mode.deny),
+        )
+        .counter(
+            "tollgate_failure_mode_local_total",
+            "Descriptors decided by the local fallback.",
+            load(&self.failure_mode.local),
+        )
+        .gauge(
+            "tollgate_store_circuit_open",
+            "1 while the store's circuit is open.",
+            load(&self.circuit_open),
+        )
+        .counter(
+            "ratelimit_service_config_load_success",
+            "Rule loads that succeeded.",
+            load(&self.config_load_success),
+        )
+        .counter(
+            "ratelimit_service_config_load_error",
+            "Rule loads that failed; the rules in force were kept.",
+            load(&self.config_load_error),
+        )
+        .family(
+            "tollgate_build_info",
+            "The running build: its version and git commit.",
+            Kind::Gauge,
+        )
+        .sample(
+            "tollgate_build_info",
+            &format!(
+                "version=\"{}\",commit=\"{}\"",
+                crate::VERSION,
+                crate::COMMIT
             ),
-            (
-                "ratelimit_service_call_should_rate_limit_service_error",
-                "Requests refused as malformed (INVALID_ARGUMENT).",
-                &self.invalid_argument,
-                "counter",
-            ),
-            (
-                "ratelimit_service_call_should_rate_limit_redis_error",
-                "Requests answered UNAVAILABLE because the store failed.",
-                &self.unavailable,
-                "counter",
-            ),
-            (
-                "tollgate_store_timeouts_total",
-                "Store calls that timed out.",
-                &self.store_timeout,
-                "counter",
-            ),
-            (
-                "tollgate_store_circuit_open_total",
-                "Store calls not attempted because the circuit was open.",
-                &self.store_circuit_open,
-                "counter",
-            ),
-            (
-                "tollgate_store_errors_total",
-                "Other store errors.",
-                &self.store_error,
-                "counter",
-            ),
-            (
-                "tollgate_failure_mode_allow_total",
-                "Descriptors admitted by failure_mode allow.",
-                &self.failure_mode[0],
-                "counter",
-            ),
-            (
-                "tollgate_failure_mode_deny_total",
-                "Descriptors refused by failure_mode deny.",
-                &self.failure_mode[1],
-                "counter",
-            ),
-            (
-                "tollgate_failure_mode_local_total",
-                "Descriptors decided by the local fallback.",
-                &self.failure_mode[2],
-                "counter",
-            ),
-            (
-                "tollgate_store_circuit_open",
-                "1 while the store's circuit is open.",
-                &self.circuit_open,
-                "gauge",
-            ),
-            (
-                "ratelimit_service_config_load_success",
-                "Rule loads that succeeded.",
-                &self.config_load_success,
-                "counter",
-            ),
-            (
-                "ratelimit_service_config_load_error",
-                "Rule loads that failed; the rules in force were kept.",
-                &self.config_load_error,
-                "counter",
-            ),
-        ];
-        for (name, help, value, kind) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-                value.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_build_info The running build: its version and git commit.\n\
-             # TYPE tollgate_build_info gauge\n\
-             tollgate_build_info{{version=\"{}\",commit=\"{}\"}} 1",
-            crate::VERSION,
-            crate::COMMIT
+            1,
+        )
+        .counter(
+            "tollgate_grpc_protocol_errors_total",
+            "gRPC streams and connections refused at the HTTP/2 protocol level (Envoy applies its failure_mode_deny to them).",
+            crate::logging::refused_total(),
         );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_grpc_protocol_errors_total gRPC streams and connections refused at the HTTP/2 protocol level (Envoy applies its failure_mode_deny to them).\n\
-             # TYPE tollgate_grpc_protocol_errors_total counter\n\
-             tollgate_grpc_protocol_errors_total {}",
-            crate::logging::refused_total()
+        self.store_call
+            .write(out, "tollgate_store_call_seconds", "Store call latency.");
+        Exposition::new(out).gauge(
+            "tollgate_config_last_success_timestamp_seconds",
+            "Unix time of the last good rule load.",
+            load(&self.config_last_success),
         );
-        self.store_call.write(
-            &mut out,
-            "tollgate_store_call_seconds",
-            "Store call latency.",
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_config_last_success_timestamp_seconds Unix time of the last good rule load.\n\
-             # TYPE tollgate_config_last_success_timestamp_seconds gauge\n\
-             tollgate_config_last_success_timestamp_seconds {}",
-            self.config_last_success.load(Ordering::Relaxed)
-        );
-        out
     }
 }
 
