@@ -4,32 +4,32 @@
 //!
 //! Modules follow the path of a request:
 //!
-//! - [`rls`]: Envoy's `RateLimitService` over gRPC: proto to domain and back.
+//! - `rls`: Envoy's `RateLimitService` over gRPC: proto to domain and back.
 //! - [`limiter`]: matches a request's descriptors to rules and has the store
 //!   decide them together, all or nothing.
 //! - [`rules`]: YAML rule files, validated and compiled; descriptor matching.
 //! - [`store`]: where counters live: the embedded memory store, or Redis
 //!   (standalone, Sentinel, Cluster).
-//! - [`period`]: the time units of limits (a leaf: the stores' counter keys
+//! - `period`: the time units of limits (a leaf: the stores' counter keys
 //!   carry one, and need nothing from [`rules`]).
 //! - [`algorithm`]: fixed window, sliding window, token bucket; pure, with
 //!   time passed in.
-//! - [`admin`]: admin HTTP: health, metrics, `/json`, `/rlconfig`.
-//! - [`reload`]: hot reload of the rules (file changes and SIGHUP).
-//! - [`xds`]: rules from an xDS server (Envoy Gateway's way).
-//! - [`logging`]: log output; calls refused at the HTTP/2 level, counted.
-//! - [`stats`]: the reference's stat names: statsd output, and a Prometheus
+//! - `admin`: admin HTTP: health, metrics, `/json`, `/rlconfig`.
+//! - `reload`: hot reload of the rules (file changes and SIGHUP).
+//! - `xds`: rules from an xDS server (Envoy Gateway's way).
+//! - `logging`: log output; calls refused at the HTTP/2 level, counted.
+//! - `stats`: the reference's stat names: statsd output, and a Prometheus
 //!   endpoint through a statsd-exporter mapping file.
-//! - [`otel`]: OTLP tracing spans for ShouldRateLimit calls.
-//! - [`metrics`]: every metric's name and help, and all Prometheus text
+//! - `otel`: OTLP tracing spans for ShouldRateLimit calls.
+//! - `metrics`: every metric's name and help, and all Prometheus text
 //!   (the quota service's and the candidate rules' too).
-//! - [`calendar`]: calendar windows (days, weeks, months, years) in a time zone.
+//! - `calendar`: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
-//! - [`rlqs`]: Envoy's rate limit quota service (RLQS): shares of a bucket's
+//! - `rlqs`: Envoy's rate limit quota service (RLQS): shares of a bucket's
 //!   rate for Envoys that enforce them locally.
-//! - [`simulate`] and [`candidate`]: replaying traffic against rules offline,
+//! - `simulate` and `candidate`: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic.
-//! - [`settings`] and [`server`]: the command line and the process around it.
+//! - `settings` and `server`: the command line and the process around it.
 //!
 //! Five modules are public (`algorithm`, `clock`, `limiter`, `rules`,
 //! `store`); the rest are the crate's own, reached through the re-exports

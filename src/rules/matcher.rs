@@ -104,7 +104,7 @@ impl RuleSet {
     /// key-only); the bucket's rules are those of the node where its entries
     /// are used up. When several entries fit a level, they are tried in key
     /// order and the first walk that uses every entry wins (at most
-    /// [`BUCKET_WALK_STEPS`] nodes are visited). Also returns the entries in
+    /// `BUCKET_WALK_STEPS` nodes are visited). Also returns the entries in
     /// the order the walk used them: the descriptor a ShouldRateLimit call
     /// would send for the same limit.
     ///
