@@ -12,10 +12,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, NANOS_PER_SEC, Nanos};
-use crate::limiter::{Decision, Limiter, LimiterOptions, Request};
+use crate::limiter::{Decision, Limiter, LimiterOptions, Observer, Request};
 use crate::metrics::candidate::{CandidateMetrics, CandidateRule};
+use crate::report::{Bin, RuleResult, ScenarioResult};
 use crate::rules::RuleSet;
-use crate::simulate::replay::{Bin, RuleResult, ScenarioResult};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store};
 
 /// Width of the kept bins.
@@ -97,7 +97,7 @@ impl Candidate {
 
     /// Decides `request` under the candidate rules, and counts it against
     /// the live answer (`live_refused`).
-    pub(crate) fn observe(&self, request: &Request<'_>, live_refused: bool) {
+    pub(crate) fn compare(&self, request: &Request<'_>, live_refused: bool) {
         // The memory store always answers at once.
         let Some(Ok(decision)) = self.limiter.decide_now(request) else {
             return;
@@ -302,7 +302,7 @@ impl Candidate {
         }
         let outcome = self.outcome_of(REPORT_RULES);
         let tracked = self.counts.lock().rules.len();
-        let mut page = crate::simulate::report::report_html(&[outcome]);
+        let mut page = crate::report::report_html(&[outcome]);
         if tracked > REPORT_RULES {
             let note = format!(
                 "<p>The {REPORT_RULES} rules that refused most of {tracked} are shown; /candidate lists them all.</p>"
@@ -315,6 +315,13 @@ impl Candidate {
         let page: Arc<str> = page.into();
         *cached = Some((std::time::Instant::now(), page.clone()));
         page
+    }
+}
+
+/// The live limiter shows the candidate rules every request it decides.
+impl Observer for Candidate {
+    fn observe(&self, request: &Request<'_>, decision: &Decision) {
+        self.compare(request, decision.over_limit);
     }
 }
 
@@ -372,7 +379,7 @@ mod tests {
     fn totals_count_requests_once_and_their_refusals() {
         let (c, _) = candidate(TWO_RULES, 1_000);
         for _ in 0..19 {
-            c.observe(&request("ann", "acme"), false);
+            c.compare(&request("ann", "acme"), false);
         }
         let outcome = c.outcome();
         assert_eq!(outcome.requests, 19);
@@ -400,7 +407,7 @@ mod tests {
             requests_per_unit: 5,
             unit: Unit::Minute,
         });
-        c.observe(&r, false);
+        c.compare(&r, false);
         let rules: Vec<String> = c.outcome().rules.into_iter().map(|r| r.rule).collect();
         assert_eq!(rules, ["d.org"], "no 'override' row");
     }
@@ -410,7 +417,7 @@ mod tests {
         let (c, _) = candidate(TWO_RULES, 1_000);
         let users: Vec<String> = (0..5_000).map(|i| format!("u{i}")).collect();
         for user in &users {
-            c.observe(&request(user, "acme"), false);
+            c.compare(&request(user, "acme"), false);
         }
         let Store::Memory(store) = c.limiter().store() else {
             panic!("a memory store");
@@ -430,8 +437,8 @@ mod tests {
         let (c, _) = candidate(&yaml, 1_000_000);
         let users: Vec<String> = (0..5_000).map(|i| format!("u{i}")).collect();
         for user in &users {
-            c.observe(&request(user, "x"), false);
-            c.observe(&request(user, "x"), false);
+            c.compare(&request(user, "x"), false);
+            c.compare(&request(user, "x"), false);
         }
         let started = std::time::Instant::now();
         let page = c.report_html();

@@ -28,7 +28,8 @@
 //! - `rlqs`: Envoy's rate limit quota service (RLQS): shares of a bucket's
 //!   rate for Envoys that enforce them locally.
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
-//!   and shadow evaluation of candidate rules on live traffic.
+//!   and shadow evaluation of candidate rules on live traffic; `report`:
+//!   what both produce, and its summary, series and HTML report.
 //! - `settings` and `server`: the command line and the process around it.
 //!
 //! Five modules are public (`algorithm`, `clock`, `limiter`, `rules`,
@@ -66,6 +67,7 @@ pub(crate) mod metrics;
 pub(crate) mod otel;
 pub(crate) mod period;
 pub(crate) mod reload;
+pub(crate) mod report;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
 pub(crate) mod server;

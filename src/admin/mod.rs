@@ -282,9 +282,6 @@ async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> R
     };
     match s.limiter.should_rate_limit(&domain_request).await {
         Ok(decision) => {
-            if let Some(candidate) = &s.candidate {
-                candidate.observe(&domain_request, decision.over_limit);
-            }
             let code = if decision.over_limit {
                 StatusCode::TOO_MANY_REQUESTS
             } else {

@@ -22,6 +22,7 @@ use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 pub use headers::response_headers;
+pub(crate) use observe::Observer;
 pub use options::{LimiterOptions, RequestBounds};
 use plan::Plan;
 pub use types::{
@@ -40,6 +41,9 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     /// Key hash -> window of its last logged refusal (see `log_refusal`).
     refusals: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
+    /// Shown every decided request (the candidate rules), whichever
+    /// adapter asked (gRPC or `/json`).
+    observer: std::sync::OnceLock<Arc<dyn Observer>>,
 }
 
 /// Refusal-log entries kept before the oldest windows are forgotten.
@@ -83,7 +87,15 @@ impl Limiter {
                 options.max_label_bytes,
             )),
             refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            observer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Shows every request this limiter decides from now on to `observer`,
+    /// after its decision (which it never changes). Set once; a second
+    /// call is ignored and says so.
+    pub(crate) fn set_observer(&self, observer: Arc<dyn Observer>) -> bool {
+        self.observer.set(observer).is_ok()
     }
 
     /// Drops state that can no longer matter, in the store and in the
@@ -146,7 +158,7 @@ impl Limiter {
             true => Ok(()),
             false => self.store.decide(&mut plan.checks, self.clock.now()).await,
         };
-        self.complete(started, called, &mut plan, result)
+        self.complete(request, started, called, &mut plan, result)
     }
 
     /// As [`Limiter::should_rate_limit`], also saying when the store was
@@ -163,7 +175,10 @@ impl Limiter {
         };
         let called = Instant::now();
         if plan.checks.is_empty() {
-            return (self.complete(started, called, &mut plan, Ok(())), None);
+            return (
+                self.complete(request, started, called, &mut plan, Ok(())),
+                None,
+            );
         }
         let start = std::time::SystemTime::now();
         let result = self.store.decide(&mut plan.checks, self.clock.now()).await;
@@ -173,7 +188,7 @@ impl Limiter {
             error: result.as_ref().err().map(ToString::to_string),
         };
         (
-            self.complete(started, called, &mut plan, result),
+            self.complete(request, started, called, &mut plan, result),
             Some(call),
         )
     }
@@ -196,7 +211,7 @@ impl Limiter {
             true => Ok(()),
             false => self.store.decide_now(&mut plan.checks, self.clock.now())?,
         };
-        Some(self.complete(started, called, &mut plan, result))
+        Some(self.complete(request, started, called, &mut plan, result))
     }
 
     /// Starts a decision: fills in the plan (in place: it is large, and
@@ -209,9 +224,11 @@ impl Limiter {
     }
 
     /// Builds the decision from the store's answer (asked at `called`, if
-    /// there was anything to ask) and records the latencies.
+    /// there was anything to ask), records the latencies, and shows the
+    /// decision to the observer.
     fn complete(
         &self,
+        request: &Request<'_>,
         started: Instant,
         called: Instant,
         plan: &mut Plan,
@@ -224,6 +241,9 @@ impl Limiter {
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.response_time.observe(seconds);
         self.metrics.response_samples.record(seconds);
+        if let (Some(observer), Ok(decision)) = (self.observer.get(), &decided) {
+            observer.observe(request, decision);
+        }
         decided
     }
 }

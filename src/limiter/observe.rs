@@ -7,9 +7,17 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::{LimitError, Limiter, Planned, REFUSAL_LOG_KEYS};
+use super::{Decision, LimitError, Limiter, Planned, REFUSAL_LOG_KEYS, Request};
 use crate::metrics::LimitStats;
 use crate::store::{Check, StoreError};
+
+/// Shown every request a limiter decides, after the decision and without
+/// changing it: the candidate rules, which decide it again on their own
+/// memory store ([`Limiter::set_observer`]).
+pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
+    /// `request` was decided as `decision`.
+    fn observe(&self, request: &Request<'_>, decision: &Decision);
+}
 
 impl Limiter {
     pub(super) fn count_store_call(

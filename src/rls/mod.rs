@@ -15,7 +15,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::Status;
 
-use crate::candidate::Candidate;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
 use crate::rules::Unit;
@@ -29,17 +28,15 @@ pub use server::UnaryBody;
 #[derive(Debug, Clone)]
 pub(crate) struct RlsService {
     limiter: Arc<Limiter>,
-    candidate: Option<Arc<Candidate>>,
     otel: Option<Arc<crate::otel::Otel>>,
 }
 
 impl RlsService {
-    /// Serves `limiter`; every request is also shown to the `candidate`
-    /// rules, if any (they never change the answer).
-    pub(crate) fn new(limiter: Arc<Limiter>, candidate: Option<Arc<Candidate>>) -> Self {
+    /// Serves `limiter` (which shows each decision to the candidate rules,
+    /// if any).
+    pub(crate) fn new(limiter: Arc<Limiter>) -> Self {
         Self {
             limiter,
-            candidate,
             otel: None,
         }
     }
@@ -74,7 +71,7 @@ impl RlsService {
             // handler's future small.
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
-        self.answer(&domain_request, decided)
+        self.answer(decided)
     }
 
     /// [`RlsService::decision`] inside a span, continuing the trace in
@@ -93,7 +90,7 @@ impl RlsService {
                 if let Some(call) = &store {
                     otel.store_span(&span, call.start, call.end, call.error.as_deref());
                 }
-                self.answer(&domain_request, decided)
+                self.answer(decided)
             }
         };
         span.finish(match &result {
@@ -104,20 +101,11 @@ impl RlsService {
         result
     }
 
-    /// The answer to a decided request (shown to the candidate rules), or
-    /// the gRPC status to fail it with.
-    fn answer(
-        &self,
-        domain_request: &limiter::Request<'_>,
-        decided: Result<Decision, LimitError>,
-    ) -> Result<Decision, Status> {
+    /// The answer to a decided request, or the gRPC status to fail it
+    /// with.
+    fn answer(&self, decided: Result<Decision, LimitError>) -> Result<Decision, Status> {
         match decided {
-            Ok(decision) => {
-                if let Some(candidate) = &self.candidate {
-                    candidate.observe(domain_request, decision.over_limit);
-                }
-                Ok(decision)
-            }
+            Ok(decision) => Ok(decision),
             // A malformed request is the caller's bug: say what is wrong.
             Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
             // Chosen by the operator (the reference's behaviour): Envoy then

@@ -196,6 +196,10 @@ pub(crate) fn run(
     if statsd.is_some() {
         limiter.metrics().response_samples.enable();
     }
+    // Every decision, over gRPC or /json, is shown to the candidate rules.
+    if let Some(c) = &candidate {
+        limiter.set_observer(c.candidate.clone());
+    }
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
     let reference_addr = reference_metrics
@@ -210,12 +214,9 @@ pub(crate) fn run(
 
     let mut workers = Vec::with_capacity(grpc.len());
     for (i, listener) in grpc.into_iter().enumerate() {
-        let service = RlsService::new(
-            limiter.clone(),
-            candidate.as_ref().map(|c| c.candidate.clone()),
-        )
-        .with_tracing(otel.clone())
-        .into_server();
+        let service = RlsService::new(limiter.clone())
+            .with_tracing(otel.clone())
+            .into_server();
         let rlqs_message_bytes = limiter.options().bounds.request_bytes;
         let quota_service = RlqsService::new(quotas.clone()).into_server(rlqs_message_bytes);
         let limits = limits.clone();

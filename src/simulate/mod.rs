@@ -16,10 +16,10 @@ use crate::rules::{LoadOptions, load_paths};
 
 pub(crate) mod envoy;
 pub(crate) mod replay;
-pub(crate) mod report;
 pub(crate) mod traffic;
 
-pub(crate) use replay::{ScenarioResult, replay};
+use crate::report::{self, ScenarioResult};
+pub(crate) use replay::replay;
 pub(crate) use traffic::{Event, Generate};
 
 /// The most bins of a series (per rule and scenario): a narrow `--bin`

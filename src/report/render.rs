@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::replay::{RuleResult, ScenarioResult};
+use super::{Bin, RuleResult, ScenarioResult};
 
 /// The summary as people read it.
 pub(crate) fn summary_text(outcomes: &[ScenarioResult]) -> String {
@@ -182,7 +182,7 @@ fn draw(
         .y_desc("requests/s")
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
-    let points = |f: &dyn Fn(&super::replay::Bin) -> u64| {
+    let points = |f: &dyn Fn(&Bin) -> u64| {
         rule.series
             .iter()
             .enumerate()
