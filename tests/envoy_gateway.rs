@@ -16,9 +16,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::envoy::http;
+use common::gateway::{Deployment, Gateway, borrowed};
 use common::redis::{RedisServer, free_port};
-use common::tls::{Pki, client_config, tls_call};
-use common::xds::{ServerTls, XdsServer};
+use common::tls::{client_config, tls_call};
 use common::{Tollgate, ask, request};
 use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
@@ -99,68 +99,32 @@ fn line<'a>(text: &'a str, start: &str) -> Option<&'a str> {
 #[tokio::test(flavor = "multi_thread")]
 async fn envoy_gateways_default_deployment_runs_on_the_image_swap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::new(dir.path());
     // Envoy Gateway's `envoy-rate-limit` secret: one certificate serves gRPC
     // and is the client certificate to the xDS server.
-    pki.issue(
-        "ca",
-        "ratelimit",
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth",
-    );
-    let xds_tls = ServerTls {
-        cert: pki.pem("server"),
-        key: pki.key("server"),
-        client_ca: pki.pem("ca"),
-    };
-    let xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), Some(&xds_tls), None).await;
+    let gateway = Gateway::start(dir.path()).await;
+    let (pki, xds) = (&gateway.pki, &gateway.xds);
     let redis = RedisServer::start();
     let mapping = dir.path().join("conf.yaml");
     std::fs::write(&mapping, MAPPING).expect("mapping");
-    let (grpc, http_port, debug, prometheus) = (free_port(), free_port(), free_port(), free_port());
-    let xds_url = xds.addr.to_string();
-    let redis_url = format!("127.0.0.1:{}", redis.port);
-    let data = dir.path().join("data");
-    let (cert, key, ca) = (
-        pki.path("ratelimit"),
-        pki.key_path("ratelimit"),
-        pki.path("ca"),
+    let deployment = Deployment::new(
+        &gateway,
+        format!("127.0.0.1:{}", redis.port),
+        [
+            pki.path("ratelimit"),
+            pki.key_path("ratelimit"),
+            pki.path("ca"),
+        ],
+        dir.path().join("data").display().to_string(),
     );
-    let (grpc_s, http_s, debug_s) = (grpc.to_string(), http_port.to_string(), debug.to_string());
-    let prometheus_addr = format!(":{prometheus}");
-    let env: Vec<(&str, &str)> = vec![
-        // Envoy Gateway's default Deployment, in its order.
-        ("RUNTIME_ROOT", data.to_str().expect("utf-8")),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("LOG_LEVEL", "info"),
-        ("USE_STATSD", "false"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", &cert),
-        ("GRPC_SERVER_TLS_KEY", &key),
-        ("GRPC_SERVER_TLS_CA_CERT", &ca),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &cert),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &key),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &redis_url),
-        ("USE_PROMETHEUS", "true"),
-        ("PROMETHEUS_ADDR", &prometheus_addr),
-        ("PROMETHEUS_MAPPER_YAML", mapping.to_str().expect("utf-8")),
-        // The reference's ports, moved to free ones (the kubelet probes
-        // /healthcheck on PORT).
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc_s),
-        ("HOST", "127.0.0.1"),
-        ("PORT", &http_s),
-        ("DEBUG_HOST", "127.0.0.1"),
-        ("DEBUG_PORT", &debug_s),
-    ];
+    let http_port = deployment.http_port;
+    let prometheus = free_port();
+    let mut env = deployment.env();
+    env.extend([
+        ("USE_PROMETHEUS", "true".to_owned()),
+        ("PROMETHEUS_ADDR", format!(":{prometheus}")),
+        ("PROMETHEUS_MAPPER_YAML", mapping.display().to_string()),
+    ]);
+    let env = borrowed(&env);
     let server = Tollgate::start_as_reference(&env);
     let probe = SocketAddr::from(([127, 0, 0, 1], http_port));
     // FORCE_START_WITHOUT_INITIAL_CONFIG=true: ready before any rules.
@@ -179,7 +143,7 @@ async fn envoy_gateways_default_deployment_runs_on_the_image_swap() {
     // certificate: GRPC_SERVER_TLS_CA_CERT is not read by the reference).
     let mut remaining = Vec::new();
     for _ in 0..3 {
-        let answer = tls_call(server.addr, client_config(&pki, "ca", None))
+        let answer = tls_call(server.addr, client_config(pki, "ca", None))
             .await
             .expect("gRPC over TLS");
         remaining.push((answer.overall_code, answer.statuses[0].limit_remaining));

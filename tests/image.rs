@@ -20,9 +20,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::envoy::{http, http_with_body};
+use common::gateway::{Deployment, Gateway, borrowed};
 use common::redis::{RedisServer, free_port};
-use common::tls::{Pki, client_config, tls_call};
-use common::xds::{ServerTls, XdsServer};
+use common::tls::{client_config, tls_call};
 use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 const IMAGE: &str = concat!("ghcr.io/tollgate/tollgate:", env!("CARGO_PKG_VERSION"));
@@ -387,18 +387,8 @@ async fn envoy_gateways_deployment_runs_the_image() {
     use std::os::unix::fs::PermissionsExt;
     let container = Container::new();
     let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::new(dir.path());
-    pki.issue(
-        "ca",
-        "ratelimit",
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth",
-    );
-    let xds_tls = ServerTls {
-        cert: pki.pem("server"),
-        key: pki.key("server"),
-        client_ca: pki.pem("ca"),
-    };
-    let xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), Some(&xds_tls), None).await;
+    let gateway = Gateway::start(dir.path()).await;
+    let pki = &gateway.pki;
     let redis = RedisServer::start();
     // Envoy Gateway mounts the `envoy-rate-limit` secret at /certs.
     let certs = dir.path().join("certs");
@@ -409,40 +399,16 @@ async fn envoy_gateways_deployment_runs_the_image() {
     for d in [dir.path(), certs.as_path()] {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     }
-    let (grpc, http_port, debug) = (free_port(), free_port(), free_port());
-    let (grpc_s, http_s, debug_s) = (grpc.to_string(), http_port.to_string(), debug.to_string());
-    let xds_url = xds.addr.to_string();
-    let redis_url = format!("127.0.0.1:{}", redis.port);
-    let env: Vec<(&str, &str)> = vec![
-        ("RUNTIME_ROOT", "/data"),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("LOG_LEVEL", "info"),
-        ("USE_STATSD", "false"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-        ("GRPC_SERVER_USE_TLS", "true"),
-        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
-        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
-        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &redis_url),
-        ("USE_PROMETHEUS", "false"),
-        // The reference's ports, moved to free ones on the host's network.
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc_s),
-        ("HOST", "127.0.0.1"),
-        ("PORT", &http_s),
-        ("DEBUG_HOST", "127.0.0.1"),
-        ("DEBUG_PORT", &debug_s),
-    ];
+    let deployment = Deployment::new(
+        &gateway,
+        format!("127.0.0.1:{}", redis.port),
+        ["/certs/tls.crt", "/certs/tls.key", "/certs/ca.crt"].map(String::from),
+        "/data".into(),
+    );
+    let (grpc, http_port) = (deployment.grpc_port, deployment.http_port);
+    let mut env = deployment.env();
+    env.push(("USE_PROMETHEUS", "false".to_owned()));
+    let env = borrowed(&env);
     let volumes = [format!("{}:/certs:ro", certs.display())];
     // `/bin/ratelimit`, no arguments, as the image's user.
     let mut running = container.spawn(&["/bin/ratelimit"], &env, &volumes);
@@ -453,6 +419,7 @@ async fn envoy_gateways_deployment_runs_the_image() {
         .expect("the server's process");
     assert_eq!(uid_of(pid), NONROOT, "runs as nonroot");
 
+    let xds = &gateway.xds;
     let hello = xds
         .wait_for("the first request", |s| s.node_id.is_some())
         .await;
@@ -462,7 +429,7 @@ async fn envoy_gateways_deployment_runs_the_image() {
     let server = SocketAddr::from(([127, 0, 0, 1], grpc));
     let mut codes = Vec::new();
     for _ in 0..3 {
-        let answer = tls_call(server, client_config(&pki, "ca", None))
+        let answer = tls_call(server, client_config(pki, "ca", None))
             .await
             .expect("gRPC over TLS");
         codes.push(answer.overall_code);

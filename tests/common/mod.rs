@@ -361,6 +361,7 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
     }
 }
 pub mod envoy;
+pub mod gateway;
 pub mod redis;
 pub mod tls;
 pub mod xds;
