@@ -80,7 +80,9 @@ pub use admin::request_from_json;
 pub use logging::init as init_logging;
 pub use rls::{UnaryBody, to_domain};
 pub use server::{DRAIN_TIMEOUT, bind_grpc, serve_from_settings};
-pub use settings::{CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, ServeArgs, unknown_env};
+pub use settings::{
+    CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, RuleLoadArgs, ServeArgs, unknown_env,
+};
 pub use simulate::run_cli as run_simulate;
 
 /// What the integration tests drive directly (with the `test-util`

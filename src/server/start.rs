@@ -66,7 +66,7 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
     let options = LimiterOptions {
         failure_mode: args.failure_mode.into(),
         response_headers: args.response_headers == OnOff::On,
-        default_algorithm: args.default_algorithm.into(),
+        default_algorithm: args.rule_load.default_algorithm.into(),
         unavailable_on_store_error: args.on_store_error == OnStoreError::Unavailable,
         instances: args.instances,
         shadow_mode: args.shadow_mode,

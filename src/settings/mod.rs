@@ -17,6 +17,7 @@ mod reference_tls;
 mod reference_vars;
 mod reference_xds;
 mod rlqs;
+mod rule_load;
 mod stats;
 mod unknown;
 mod values;
@@ -26,6 +27,7 @@ pub(crate) use otel::{OtelArgs, TracingProtocol};
 pub(crate) use redis_url::RedisUrl;
 pub use reference_defaults::REFERENCE_PROGRAM;
 pub(crate) use rlqs::RlqsArgs;
+pub use rule_load::RuleLoadArgs;
 pub(crate) use stats::StatsArgs;
 pub use unknown::unknown_env;
 pub use values::LogFormat;
@@ -33,10 +35,9 @@ pub(crate) use values::{
     AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, UnmatchedArg,
     parse_duration,
 };
-use values::{at_least_one, parse_fraction, parse_keepalive, parse_zone};
+use values::{at_least_one, parse_fraction, parse_keepalive};
 pub(crate) use xds::XdsArgs;
 
-use crate::calendar::Zone;
 use crate::rules::LoadOptions;
 
 /// Tollgate: a rate limit service for Envoy.
@@ -91,15 +92,9 @@ pub struct SimulateArgs {
     /// Width of the plotted series' bins, e.g. `1s` (default: about 300 points).
     #[arg(long, value_parser = parse_duration)]
     pub bin: Option<Duration>,
-    /// Algorithm for limits that do not name one.
-    #[arg(long, value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
-    pub default_algorithm: AlgorithmArg,
-    /// Time zone of calendar limits that do not set `time_zone`.
-    #[arg(long, default_value = "UTC", value_parser = parse_zone)]
-    pub time_zone: &'static Zone,
-    /// Merge files that declare the same domain.
-    #[arg(long)]
-    pub merge_domains: bool,
+    /// How rule files are read.
+    #[command(flatten)]
+    pub rule_load: RuleLoadArgs,
     /// The most requests read and generated together (each costs about 130
     /// bytes for the run).
     #[arg(long, default_value_t = 20_000_000, value_parser = at_least_one)]
@@ -115,12 +110,7 @@ impl SimulateArgs {
             envoy_config: self.envoy_config.clone(),
             generate: self.generate.clone(),
             algorithms: self.algorithms.iter().map(|a| (*a).into()).collect(),
-            load: LoadOptions {
-                merge_domains: self.merge_domains,
-                default_algorithm: self.default_algorithm.into(),
-                time_zone: self.time_zone,
-                algorithm_override: None,
-            },
+            load: self.rule_load.load_options(),
             bin: self.bin.map(|b| b.as_nanos() as u64),
             max_events: self.max_events,
         }
@@ -138,18 +128,13 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
 
-    /// Algorithm for limits that do not name one.
-    #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM", value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
-    pub default_algorithm: AlgorithmArg,
+    /// How rule files are read.
+    #[command(flatten)]
+    pub rule_load: RuleLoadArgs,
 
     /// Add RateLimit, RateLimit-Policy and Retry-After response headers.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = OnOff::On)]
     pub response_headers: OnOff,
-
-    /// Merge rule files that declare the same domain (the reference's
-    /// MERGE_DOMAIN_CONFIG=true is also honoured).
-    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
-    pub merge_domains: bool,
 
     /// Answer for limits without `failure_mode` when the store fails.
     #[arg(long, env = "TOLLGATE_FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Allow)]
@@ -383,11 +368,6 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_QUOTA_MODE")]
     pub quota_mode: bool,
 
-    /// Time zone of calendar limits that do not set `time_zone` (an IANA
-    /// name such as Europe/Berlin).
-    #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
-    pub time_zone: &'static Zone,
-
     /// Candidate rules (file or directory; repeatable): evaluated beside the
     /// live rules for every request on their own memory store, never
     /// changing the answer; see /candidate and the tollgate_candidate_*
@@ -439,25 +419,14 @@ pub struct CheckArgs {
     /// Rule files or directories.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-    /// Merge files that declare the same domain.
-    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
-    pub merge_domains: bool,
-    /// Algorithm for limits that do not name one.
-    #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM", value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
-    pub default_algorithm: AlgorithmArg,
-    /// Time zone of calendar limits that do not set `time_zone`.
-    #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
-    pub time_zone: &'static Zone,
+    /// How rule files are read.
+    #[command(flatten)]
+    pub rule_load: RuleLoadArgs,
     /// The rules in force (files or directories): warn about every rule
     /// whose counters the new rules would restart (a new algorithm, period
     /// or zone).
     #[arg(long)]
     pub against: Vec<PathBuf>,
-}
-
-/// The reference's switch for domain merging.
-fn reference_merge_domains() -> bool {
-    std::env::var("MERGE_DOMAIN_CONFIG").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 impl ServeArgs {
@@ -472,23 +441,13 @@ impl ServeArgs {
 
     /// How rules are loaded.
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            merge_domains: self.merge_domains || reference_merge_domains(),
-            default_algorithm: self.default_algorithm.into(),
-            time_zone: self.time_zone,
-            algorithm_override: None,
-        }
+        self.rule_load.load_options()
     }
 }
 
 impl CheckArgs {
     /// How rules are loaded.
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            merge_domains: self.merge_domains || reference_merge_domains(),
-            default_algorithm: self.default_algorithm.into(),
-            time_zone: self.time_zone,
-            algorithm_override: None,
-        }
+        self.rule_load.load_options()
     }
 }

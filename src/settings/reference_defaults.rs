@@ -33,7 +33,7 @@ impl ServeArgs {
             self.log_level = "warn".into();
         }
         if !explicit("default_algorithm") {
-            self.default_algorithm = super::AlgorithmArg::FixedWindow;
+            self.rule_load.default_algorithm = super::AlgorithmArg::FixedWindow;
         }
         if !explicit("response_headers") {
             self.response_headers = OnOff::Off;

@@ -1,0 +1,43 @@
+//! How rule files are read, the same for `serve`, `check` and `simulate`:
+//! one flattened group, so the three commands cannot drift apart.
+
+use clap::Args;
+
+use super::values::{AlgorithmArg, parse_zone};
+use crate::calendar::Zone;
+use crate::rules::LoadOptions;
+
+/// The rule-loading flags.
+#[derive(Debug, Args, Clone)]
+pub struct RuleLoadArgs {
+    /// Algorithm for limits that do not name one.
+    #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM", value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
+    pub default_algorithm: AlgorithmArg,
+
+    /// Merge rule files that declare the same domain (the reference's
+    /// MERGE_DOMAIN_CONFIG=true is also honoured).
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
+    pub merge_domains: bool,
+
+    /// Time zone of calendar limits that do not set `time_zone` (an IANA
+    /// name such as Europe/Berlin).
+    #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
+    pub time_zone: &'static Zone,
+}
+
+impl RuleLoadArgs {
+    /// How rules are loaded.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domains || reference_merge_domains(),
+            default_algorithm: self.default_algorithm.into(),
+            time_zone: self.time_zone,
+            algorithm_override: None,
+        }
+    }
+}
+
+/// The reference's switch for domain merging.
+fn reference_merge_domains() -> bool {
+    std::env::var("MERGE_DOMAIN_CONFIG").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+}
