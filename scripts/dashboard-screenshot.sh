@@ -10,7 +10,8 @@
 # The timeline (seconds): 0-120 gRPC load on two domains (one in shadow
 # mode), limits that refuse part of it; 10-40 64 quota (RLQS) streams;
 # 50-65 Redis stopped (store errors, the breaker, failure-mode answers);
-# 80 a broken rule file (a refused load), 90 the good one back.
+# 80 a broken rule file (a refused load), 90 the good one back. Candidate
+# rules (a stricter shop limit) are watched throughout.
 # Installs prometheus, redis and chromium from apt when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,14 @@ descriptors:
     shadow_mode: true
 YAML
 cp bench/rules-rlqs.yaml "$work/rules/rlqs.yaml"
+# Candidate rules: a stricter per-user limit for the shop, watched live.
+mkdir -p "$work/candidate"
+cat > "$work/candidate/shop.yaml" <<'YAML'
+domain: shop
+descriptors:
+  - key: user
+    rate_limit: {name: per-user-stricter, unit: second, requests_per_unit: 5}
+YAML
 cat > "$work/prometheus.yml" <<YAML
 global: {scrape_interval: 2s, evaluation_interval: 2s}
 scrape_configs:
@@ -54,7 +63,7 @@ YAML
 redis() { redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >/dev/null & rpid=$!; pids+=($rpid); wait_port "$rport"; }
 redis
 target/release/tollgate serve --rules "$work/rules" --grpc-addr "127.0.0.1:$gport" \
-    --admin-addr "127.0.0.1:$aport" --store redis --redis-url "redis://127.0.0.1:$rport" \
+    --admin-addr "127.0.0.1:$aport" --candidate-rules "$work/candidate" --store redis --redis-url "redis://127.0.0.1:$rport" \
     --log-level warn --watch-interval 250ms >/dev/null & pids+=($!)
 wait_port "$gport"
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prometheus" \
@@ -91,6 +100,6 @@ python3 scripts/dashboard_render.py examples/grafana/tollgate.json "http://127.0
     "$start" "$end" "$work/dashboard.html"
 rm -f "$out"
 timeout 60 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars \
-    --window-size=1520,1640 --screenshot="$(realpath -m "$out")" "file://$work/dashboard.html" 2>/dev/null
+    --window-size=1520,1900 --screenshot="$(realpath -m "$out")" "file://$work/dashboard.html" 2>/dev/null
 [ -s "$out" ] || { echo "Chromium wrote no screenshot" >&2; exit 1; }
 echo "$out"

@@ -373,9 +373,20 @@ async fn every_metric_in_the_readme_and_the_dashboard_appears_after_traffic() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     let text = "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: watch\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    // Candidate rules, for the tollgate_candidate_* series.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let candidate = dir.path().join("candidate.yaml");
+    std::fs::write(
+        &candidate,
+        "domain: ops\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("candidate rules");
+    let candidate = candidate.display().to_string();
     let server = Tollgate::start(
         text,
         &[
+            "--candidate-rules",
+            &candidate,
             "--store",
             "redis",
             "--redis-url",
