@@ -35,7 +35,7 @@ buildah() { command buildah --storage-driver vfs "$@"; }
 RUNTIME_BASE=gcr.io/distroless/cc-debian12:nonroot
 RUST_VERSION=1.95.0
 BUILD_BASE=docker.io/library/rust:1.95-slim-bookworm
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | sed -n 1p)
 COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 IMAGE=ghcr.io/tollgate/tollgate:$VERSION
 ARCHIVE=.build/tollgate-image.tar
@@ -152,7 +152,8 @@ echo "image.sh: built in $(( $(date +%s) - start )) s" >&2
 mkdir -p .build
 rm -f "$ARCHIVE"
 buildah push --quiet "$IMAGE" "oci-archive:$ARCHIVE:$IMAGE"
-size=$(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)
+# sed, not head: under pipefail, head's early exit fails the pipeline (SIGPIPE).
+size=$(buildah images --format '{{.Size}}' "$IMAGE" | sed -n 1p)
 echo "image.sh: $IMAGE: $size uncompressed; $ARCHIVE: $(du -h "$ARCHIVE" | cut -f1)" >&2
 
 if [ "${1:-}" != "--no-test" ]; then
