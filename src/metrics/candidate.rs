@@ -3,7 +3,7 @@
 //! [`CandidateMetrics`].
 
 use super::exposition::{Exposition, Kind};
-use super::push_label;
+use super::labels;
 
 /// What the candidate rules report, read at one moment.
 #[derive(Debug, Default)]
@@ -47,9 +47,7 @@ pub(crate) fn render(out: &mut Exposition<'_>, m: &CandidateMetrics) {
     for (name, help, value) in families {
         out.family(name, help, Kind::Counter);
         for rule in &m.rules {
-            let mut labels = String::new();
-            push_label(&mut labels, "rule", &rule.rule);
-            out.sample(name, &labels[1..], value(rule));
+            out.sample(name, &labels([("rule", rule.rule.as_str())]), value(rule));
         }
     }
     let name = "tollgate_candidate_decisions_total";

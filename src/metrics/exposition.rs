@@ -1,5 +1,6 @@
 //! The Prometheus text format, one family at a time. Every line of
-//! `/metrics` is written through [`Exposition`], so each family has its
+//! `/metrics` (and of the reference's mapped endpoint) is written through
+//! [`Exposition`], so each family has its
 //! `# HELP` and `# TYPE`, and a sample's line is written one way.
 
 use std::fmt::{Display, Write};
@@ -43,7 +44,7 @@ impl<'a> Exposition<'a> {
     }
 
     /// One sample, `name{labels} value`; `labels` is `a="x",b="y"` (escaped
-    /// already, see [`super::push_label`]) or empty.
+    /// already, see [`super::labels`]) or empty.
     pub(crate) fn sample(&mut self, name: &str, labels: &str, value: impl Display) -> &mut Self {
         if labels.is_empty() {
             let _ = writeln!(self.out, "{name} {value}");

@@ -15,14 +15,13 @@
 //! files bound them.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
 pub(crate) mod candidate;
-mod exposition;
+pub(crate) mod exposition;
 pub(crate) mod rlqs;
 
 use candidate::CandidateMetrics;
@@ -80,26 +79,22 @@ impl Histogram {
     /// (`a="x",b="y"`, or empty) on each.
     pub fn write_series(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
+        let bucket_name = format!("{name}_bucket");
+        let mut e = Exposition::new(out);
         let mut cumulative = 0;
         for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
             cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            e.sample(
+                &bucket_name,
+                &format!("{labels}{sep}le=\"{bound}\""),
+                cumulative,
             );
         }
         let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(
-            out,
-            "{name}_sum{braces} {sum}\n{name}_count{braces} {count}"
-        );
+        e.sample(&bucket_name, &format!("{labels}{sep}le=\"+Inf\""), count)
+            .sample(&format!("{name}_sum"), labels, sum)
+            .sample(&format!("{name}_count"), labels, count);
     }
 
     /// Observations so far.
@@ -456,6 +451,18 @@ pub(crate) fn truncated(value: &str, max: usize) -> &str {
         end -= 1;
     }
     &value[..end]
+}
+
+/// A label set, `a="x",b="y"`, its values escaped.
+pub(crate) fn labels<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut out = String::new();
+    for (name, value) in pairs {
+        push_label(&mut out, name, value);
+    }
+    if !out.is_empty() {
+        out.remove(0);
+    }
+    out
 }
 
 /// Appends `,name="value"` to a label set.

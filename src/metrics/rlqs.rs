@@ -2,7 +2,7 @@
 //! The numbers come from [`crate::rlqs`] as an [`RlqsMetrics`].
 
 use super::exposition::{Exposition, Kind};
-use super::push_label;
+use super::labels;
 
 /// What the quota service reports, read at one moment.
 #[derive(Debug, Default)]
@@ -54,10 +54,7 @@ pub(crate) struct RuleUsage {
 }
 
 fn rule_labels(domain: &str, rule: &str) -> String {
-    let mut labels = String::new();
-    push_label(&mut labels, "domain", domain);
-    push_label(&mut labels, "rule", rule);
-    labels.split_off(1)
+    labels([("domain", domain), ("rule", rule)])
 }
 
 /// Writes the quota service's families.

@@ -71,7 +71,7 @@ impl RlsService {
             // handler's future small.
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
-        self.answer(decided)
+        decided.map_err(status_of)
     }
 
     /// [`RlsService::decision`] inside a span, continuing the trace in
@@ -90,7 +90,7 @@ impl RlsService {
                 if let Some(call) = &store {
                     otel.store_span(&span, call.start, call.end, call.error.as_deref());
                 }
-                self.answer(decided)
+                decided.map_err(status_of)
             }
         };
         span.finish(match &result {
@@ -100,18 +100,16 @@ impl RlsService {
         });
         result
     }
+}
 
-    /// The answer to a decided request, or the gRPC status to fail it
-    /// with.
-    fn answer(&self, decided: Result<Decision, LimitError>) -> Result<Decision, Status> {
-        match decided {
-            Ok(decision) => Ok(decision),
-            // A malformed request is the caller's bug: say what is wrong.
-            Err(LimitError::InvalidArgument(reason)) => Err(Status::invalid_argument(reason)),
-            // Chosen by the operator (the reference's behaviour): Envoy then
-            // applies its own `failure_mode_deny`.
-            Err(e @ LimitError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
-        }
+/// The gRPC status a request the limiter could not decide fails with.
+fn status_of(error: LimitError) -> Status {
+    match error {
+        // A malformed request is the caller's bug: say what is wrong.
+        LimitError::InvalidArgument(reason) => Status::invalid_argument(reason),
+        // Chosen by the operator (the reference's behaviour): Envoy then
+        // applies its own `failure_mode_deny`.
+        e @ LimitError::Unavailable(_) => Status::unavailable(e.to_string()),
     }
 }
 
