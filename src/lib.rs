@@ -92,6 +92,7 @@ pub use simulate::run_cli as run_simulate;
 pub mod test_util {
     pub use crate::reload::Reloader;
     pub use crate::rlqs::{QuotaOptions, Quotas};
+    pub use crate::server::InProcess;
     pub use crate::stats::statsd::MAX_DATAGRAM;
     pub use crate::xds::resource::TYPE_URL;
     pub use crate::xds::resource::pb::{

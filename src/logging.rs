@@ -130,28 +130,50 @@ impl log::Log for LogBridge {
     fn flush(&self) {}
 }
 
-/// What a summary of refusals says, if there were any since `seen`.
-/// Returns the new total and the line's fields.
-fn summary(seen: u64) -> Option<(u64, u64, String)> {
-    REFUSALS.since(seen)
+/// When one kind of summarised event may be logged again: at most once per
+/// `interval` ticks (a tick is a second in the process; tests tick by hand).
+#[derive(Debug)]
+struct Quiet {
+    /// The count already logged.
+    seen: u64,
+    /// Ticks left before the next line may be written.
+    quiet: u64,
+    interval: u64,
+}
+
+impl Quiet {
+    fn new(interval: Duration) -> Self {
+        Self {
+            seen: 0,
+            quiet: 0,
+            interval: interval.as_secs().max(1),
+        }
+    }
+
+    /// One tick: the line to write (total, new since the last line, last
+    /// message), if events happened and the last line is `interval` ticks
+    /// old.
+    fn tick(&mut self, events: &Summarised) -> Option<(u64, u64, String)> {
+        self.quiet = self.quiet.saturating_sub(1);
+        if self.quiet != 0 {
+            return None;
+        }
+        let line = events.since(self.seen)?;
+        self.seen = line.0;
+        self.quiet = self.interval;
+        Some(line)
+    }
 }
 
 /// Logs, at most once per [`REFUSED_LOG_INTERVAL`] each, how many calls were
 /// refused at the protocol level and how many warnings the Redis client
 /// gave since the last line, with the last reason.
 fn log_summaries_forever() {
-    let interval = REFUSED_LOG_INTERVAL.as_secs();
-    let (mut refused_seen, mut redis_seen) = (0, 0);
-    let (mut refused_quiet, mut redis_quiet) = (0u64, 0u64);
+    let mut refused = Quiet::new(REFUSED_LOG_INTERVAL);
+    let mut redis = Quiet::new(REFUSED_LOG_INTERVAL);
     loop {
         std::thread::sleep(Duration::from_secs(1));
-        refused_quiet = refused_quiet.saturating_sub(1);
-        redis_quiet = redis_quiet.saturating_sub(1);
-        if refused_quiet == 0
-            && let Some((total, new, last)) = summary(refused_seen)
-        {
-            refused_seen = total;
-            refused_quiet = interval;
+        if let Some((total, new, last)) = refused.tick(&REFUSALS) {
             tracing::warn!(
                 refused = new,
                 total,
@@ -160,11 +182,7 @@ fn log_summaries_forever() {
                  (Envoy answers these from its failure_mode_deny)"
             );
         }
-        if redis_quiet == 0
-            && let Some((total, new, last)) = REDIS_WARNINGS.since(redis_seen)
-        {
-            redis_seen = total;
-            redis_quiet = interval;
+        if let Some((total, new, last)) = redis.tick(&REDIS_WARNINGS) {
             tracing::warn!(
                 warnings = new,
                 total,
@@ -231,11 +249,50 @@ mod tests {
         let before = refused_total();
         record_refusal("malformed headers: missing method");
         record_refusal(&"x".repeat(1000));
-        let (total, new, last) = summary(before).expect("a summary");
+        let (total, new, last) = REFUSALS.since(before).expect("a summary");
         assert!(total >= before + 2);
         assert!(new >= 2);
         assert!(last.len() <= MAX_REASON_BYTES, "{}", last.len());
-        assert_eq!(summary(total).map(|s| s.1), None);
+        assert_eq!(REFUSALS.since(total).map(|s| s.1), None);
+    }
+
+    #[test]
+    fn a_summary_is_written_at_once_then_at_most_once_per_interval() {
+        let events = Summarised::new();
+        let mut quiet = Quiet::new(Duration::from_secs(10));
+        assert_eq!(quiet.tick(&events), None, "nothing happened");
+        for _ in 0..20 {
+            events.record("missing method");
+        }
+        assert_eq!(
+            quiet.tick(&events),
+            Some((20, 20, "missing method".into())),
+            "the first line comes on the next tick"
+        );
+        for _ in 0..5 {
+            events.record("malformed headers");
+        }
+        for tick in 1..10 {
+            assert_eq!(
+                quiet.tick(&events),
+                None,
+                "tick {tick}: within the interval"
+            );
+        }
+        assert_eq!(
+            quiet.tick(&events),
+            Some((25, 5, "malformed headers".into())),
+            "the tenth tick: the five since, with the last reason"
+        );
+        for _ in 0..30 {
+            assert_eq!(quiet.tick(&events), None, "quiet: nothing new");
+        }
+        events.record("again");
+        assert_eq!(
+            quiet.tick(&events),
+            Some((26, 1, "again".into())),
+            "after a quiet spell, at once"
+        );
     }
 
     #[test]

@@ -14,14 +14,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::envoy::{http, http_with_body};
 use common::redis::RedisServer;
-use common::{Tollgate, ask, descriptor, request, run_briefly};
+use common::{Tollgate, ask, descriptor, request, run_briefly, wait_until};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tollgate::test_util::InProcess;
 
 const RULES: &str = "domain: gw
 descriptors:
@@ -302,33 +304,173 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
     ask(&mut client, request("gw", &[&[("user", "a")]])).await;
 }
 
-#[tokio::test]
-async fn connections_that_never_speak_or_go_idle_are_closed() {
-    let server = Tollgate::start(
-        RULES,
-        &[
-            "--handshake-timeout",
-            "300ms",
-            "--idle-timeout",
-            "500ms",
-            "--keepalive",
-            "off",
-        ],
-    );
-    let mut silent = TcpStream::connect(server.addr).expect("connect");
+/// Tollgate in this process on this test's paused clock (see
+/// `tollgate::test_util::InProcess`), serving [`RULES`].
+fn in_process(args: &[&str]) -> (InProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("rules");
+    let rules = rules.to_str().expect("utf-8").to_owned();
+    let args = [&["--rules", rules.as_str()][..], args].concat();
+    (InProcess::start(&args).expect("starts"), dir)
+}
+
+/// Whether the server closes `stream` (EOF or reset) within `within`, on
+/// Tokio's clock.
+async fn closed_in_time(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        while let Ok(n) = stream.read(&mut buf).await
+            && n > 0
+        {}
+    })
+    .await
+    .is_ok()
+}
+
+/// Waits (on Tokio's clock, a millisecond at a time) until `series` in the
+/// in-process server's metrics is `value`.
+async fn gauge_reaches(server: &InProcess, series: &str, value: u64) {
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while server.metric(series) != Some(value) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     assert!(
-        closed_within(&mut silent, Duration::from_secs(3)),
-        "no preface: closed"
+        waited.is_ok(),
+        "{series} stayed {:?}, not {value}",
+        server.metric(series)
     );
-    let mut idle = TcpStream::connect(server.addr).expect("connect");
-    idle.write_all(PREFACE).expect("preface");
+}
+
+/// One HTTP/1.1 GET on a new connection, on the runtime: the status code.
+async fn get_status(addr: SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.expect("request");
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.expect("answer");
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {answer}"))
+}
+
+/// The default handshake timeout (5 s) and an idle timeout of 5 minutes,
+/// on a paused clock: each closes its connection when due, not before, and
+/// the test takes no minutes (nor the seconds it took on the wall clock:
+/// it used to run with 300 ms and 500 ms timeouts, loose bounds and no
+/// lower ones). Each second of the paused clock still runs the server's
+/// once-a-second tasks: the default hour took 3.3 s of wall time.
+#[tokio::test(start_paused = true)]
+async fn connections_that_never_speak_or_go_idle_are_closed_when_due() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _rules) = in_process(&["--idle-timeout", "5m", "--keepalive", "off"]);
+    let started = tokio::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(server.grpc)
+        .await
+        .expect("connect");
     assert!(
-        closed_within(&mut idle, Duration::from_secs(4)),
-        "idle: closed"
+        !closed_in_time(&mut silent, Duration::from_millis(4900)).await,
+        "no preface: still open before the 5 s handshake timeout"
     );
+    assert!(
+        closed_in_time(&mut silent, Duration::from_millis(200)).await,
+        "no preface: closed at 5 s"
+    );
+    let closed_at = started.elapsed();
+    assert!(
+        (Duration::from_secs(5)..Duration::from_millis(5100)).contains(&closed_at),
+        "{closed_at:?}"
+    );
+    let mut idle = tokio::net::TcpStream::connect(server.grpc)
+        .await
+        .expect("connect");
+    idle.write_all(PREFACE).await.expect("preface");
+    gauge_reaches(&server, "tollgate_grpc_connections", 1).await;
+    assert!(
+        !closed_in_time(&mut idle, Duration::from_secs(299)).await,
+        "idle: still open before 5 minutes"
+    );
+    // Closed gracefully: GOAWAY at 5 minutes, the connection a second later.
+    assert!(
+        closed_in_time(&mut idle, Duration::from_secs(3)).await,
+        "idle: closed at 5 minutes"
+    );
+    gauge_reaches(&server, "tollgate_grpc_connections", 0).await;
     // Envoy's kind of client reconnects and carries on.
-    let mut client = server.client().await;
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .expect("connect");
     ask(&mut client, request("gw", &[&[("user", "a")]])).await;
+    server.stop().await.expect("stops");
+}
+
+/// The admin port under slow and idle clients, on a paused clock: slow
+/// headers are cut at --admin-timeout, idle connections make room for new
+/// ones (the oldest first), busy ones do not, and health checks get in
+/// once the busy ones time out. Each step waits for the gauges of open and
+/// busy admin connections, read in process (a scrape would take a slot).
+#[tokio::test(start_paused = true)]
+async fn slow_admin_clients_are_cut_off_and_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _rules) = in_process(&["--admin-timeout", "2s", "--max-admin-connections", "2"]);
+    let connect = || tokio::net::TcpStream::connect(server.admin);
+    let mut slow = connect().await.expect("connect");
+    slow.write_all(b"GET /metr")
+        .await
+        .expect("half a request line");
+    assert!(
+        !closed_in_time(&mut slow, Duration::from_millis(1900)).await,
+        "slow headers: open within the 2 s"
+    );
+    assert!(
+        closed_in_time(&mut slow, Duration::from_millis(200)).await,
+        "slow headers: closed at 2 s"
+    );
+    gauge_reaches(&server, "tollgate_admin_connections", 0).await;
+    // Two idle connections take both slots, a before b; a third makes room
+    // by closing the one idle the longest.
+    let mut a = connect().await.expect("connect");
+    gauge_reaches(&server, "tollgate_admin_connections", 1).await;
+    let mut b = connect().await.expect("connect");
+    gauge_reaches(&server, "tollgate_admin_connections", 2).await;
+    let mut c = connect().await.expect("connect");
+    assert!(
+        closed_in_time(&mut a, Duration::from_millis(10)).await,
+        "the oldest idle connection: closed at once"
+    );
+    gauge_reaches(&server, "tollgate_admin_connections", 2).await;
+    // Busy connections are not evicted: b and c each hold a request whose
+    // body never ends, and a fourth connection is turned away.
+    let request = format!(
+        "POST /json HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
+        server.admin
+    );
+    for busy in [&mut b, &mut c] {
+        busy.write_all(request.as_bytes())
+            .await
+            .expect("a request in progress");
+    }
+    gauge_reaches(&server, "tollgate_admin_connections_busy", 2).await;
+    let mut d = connect().await.expect("connect");
+    assert!(
+        closed_in_time(&mut d, Duration::from_millis(10)).await,
+        "every connection busy: the new one is closed at once"
+    );
+    assert!(
+        !closed_in_time(&mut b, Duration::from_millis(1500)).await,
+        "busy: open within its 2 s"
+    );
+    assert!(closed_in_time(&mut b, Duration::from_secs(1)).await);
+    assert!(closed_in_time(&mut c, Duration::from_millis(10)).await);
+    gauge_reaches(&server, "tollgate_admin_connections_busy", 0).await;
+    assert_eq!(get_status(server.admin, "/healthcheck").await, 200);
+    server.stop().await.expect("stops");
 }
 
 #[tokio::test]
@@ -341,12 +483,19 @@ async fn connections_past_the_limit_are_closed_and_room_comes_back() {
             s
         })
         .collect();
-    // Give the server a moment to accept both (it accepts in order).
-    std::thread::sleep(Duration::from_millis(200));
+    // Both accepted: the gauge of open connections says so.
+    wait_until("both connections accepted", Duration::from_secs(5), || {
+        server.metric("tollgate_grpc_connections") == 2
+    });
     let mut third = TcpStream::connect(server.addr).expect("the kernel accepts");
     assert!(
         closed_within(&mut third, Duration::from_secs(2)),
         "over the limit: closed"
+    );
+    assert_eq!(
+        server.metric("tollgate_grpc_connections"),
+        2,
+        "the third was never counted"
     );
     held.clear();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -372,55 +521,32 @@ async fn connections_past_the_limit_are_closed_and_room_comes_back() {
     );
 }
 
-#[tokio::test]
-async fn slow_admin_clients_are_cut_off_and_bounded() {
-    let server = Tollgate::start(
-        RULES,
-        &["--admin-timeout", "2s", "--max-admin-connections", "2"],
-    );
-    let mut slow = TcpStream::connect(server.admin).expect("connect");
-    slow.write_all(b"GET /metr").expect("half a request line");
+/// Admin listeners share --max-admin-connections, and so the idle
+/// connections one of them can close to make room: an idle connection on
+/// the first does not lock the second out.
+#[tokio::test(start_paused = true)]
+async fn admin_listeners_share_their_bound_and_its_idle_connections() {
+    let (server, _rules) = in_process(&[
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--max-admin-connections",
+        "1",
+    ]);
+    let [first, second] = server.admins[..] else {
+        panic!("two admin listeners: {:?}", server.admins);
+    };
+    let mut idle = tokio::net::TcpStream::connect(first)
+        .await
+        .expect("connect");
+    gauge_reaches(&server, "tollgate_admin_connections", 1).await;
+    assert_eq!(get_status(second, "/healthcheck").await, 200);
     assert!(
-        closed_within(&mut slow, Duration::from_secs(6)),
-        "slow headers: closed"
+        closed_in_time(&mut idle, Duration::from_millis(10)).await,
+        "the idle connection on the other listener made room"
     );
-    // Two idle connections take both slots (the kernel hands them over in
-    // order); a third makes room by closing the one idle the longest.
-    let started = Instant::now();
-    let mut a = TcpStream::connect(server.admin).expect("connect");
-    std::thread::sleep(Duration::from_millis(100));
-    let mut b = TcpStream::connect(server.admin).expect("connect");
-    std::thread::sleep(Duration::from_millis(100));
-    let mut c = TcpStream::connect(server.admin).expect("connect");
-    assert!(
-        closed_within(&mut a, Duration::from_millis(1500)),
-        "the oldest idle connection: closed at once, well before the 2 s admin timeout"
-    );
-    assert!(started.elapsed() < Duration::from_secs(2));
-    // Busy connections are not evicted: b and c each hold a request whose
-    // body never ends, and a fourth connection is turned away.
-    let request = format!(
-        "POST /json HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
-        server.admin
-    );
-    for busy in [&mut b, &mut c] {
-        busy.write_all(request.as_bytes())
-            .expect("a request in progress");
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut d = TcpStream::connect(server.admin).expect("connect");
-    assert!(
-        closed_within(&mut d, Duration::from_millis(1500)),
-        "every connection busy: the new one is closed at once"
-    );
-    assert!(closed_within(&mut b, Duration::from_secs(6)));
-    assert!(closed_within(&mut c, Duration::from_secs(6)));
-    assert_eq!(
-        http(server.admin, "GET", "/healthcheck", &[])
-            .expect("answer")
-            .status,
-        200
-    );
+    server.stop().await.expect("stops");
 }
 
 fn metrics(server: &Tollgate) -> String {

@@ -193,7 +193,7 @@ async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers()
     let clock = start_clock();
     let limiter = stalling_instance(&redis, &clock, BatchBounds::default()).await;
     let d: &[&[(&str, &str)]] = &[&[("gate", "stall")]];
-    let sleeper = stall(&redis, "0.5");
+    let stall = redis.stall("0.5");
     let request = common::limiter_request("l", d, 0);
     let stalled =
         futures_util::future::join_all((0..30).map(|_| limiter.should_rate_limit(&request))).await;
@@ -201,7 +201,7 @@ async fn requests_queued_behind_a_stalled_call_time_out_and_the_queue_recovers()
         stalled.iter().all(|r| r.is_err()),
         "every request behind the stalled call timed out: {stalled:?}"
     );
-    sleeper.join().expect("sleeper");
+    assert_eq!(stall.join(), "OK");
     // Redis answers again: the limit of 1 is decided exactly. (A stalled
     // call may still have run once Redis woke up, spending the hit.)
     let after =
@@ -229,23 +229,6 @@ async fn stalling_instance(
     limiter
 }
 
-/// Holds Redis for `seconds` (from another connection), from 50 ms on.
-fn stall(redis: &RedisServer, seconds: &'static str) -> std::thread::JoinHandle<()> {
-    let cli = redis.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(cli.as_str())
-            .and_then(|c| c.get_connection())
-            .expect("connection");
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(seconds)
-            .query(&mut conn)
-            .expect("DEBUG SLEEP");
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    sleeper
-}
-
 /// The Redis bound holds for each request from when it asked, however many
 /// calls are queued ahead of it: with one request per call, eight requests
 /// behind a stalled call are all answered (with a timeout) by about one
@@ -259,7 +242,7 @@ async fn a_request_queued_behind_several_calls_is_answered_by_its_own_deadline()
         ..BatchBounds::default()
     };
     let limiter = stalling_instance(&redis, &clock, one_per_call).await;
-    let sleeper = stall(&redis, "1");
+    let stall = redis.stall("1");
     let request = common::limiter_request("l", &[&[("gate", "queued")]], 0);
     let asked = std::time::Instant::now();
     let answers =
@@ -273,7 +256,7 @@ async fn a_request_queued_behind_several_calls_is_answered_by_its_own_deadline()
         took < Duration::from_millis(400),
         "answered after {took:?}: the 100 ms bound is per request"
     );
-    sleeper.join().expect("sleeper");
+    assert_eq!(stall.join(), "OK");
 }
 
 /// A window counter is created by `SET ... PXAT` and afterwards only
@@ -354,7 +337,7 @@ async fn one_check_requests_after_a_several_check_request_in_one_call_count_ever
     assert_eq!(admitted(&limiter, &[&[("gate", "warm")]], 1).await, 1);
     // Redis held: the next request goes out alone and waits; the ones
     // after it queue and go together in one call.
-    let sleeper = stall(&redis, "0.3");
+    let stall = redis.stall("0.3");
     let first = {
         let limiter = limiter.clone();
         tokio::spawn(async move { admitted(&limiter, &[&[("gate", "g")]], 1).await })
@@ -378,7 +361,7 @@ async fn one_check_requests_after_a_several_check_request_in_one_call_count_ever
     for s in singles {
         assert_eq!(s.await.expect("single"), 1);
     }
-    sleeper.join().expect("sleeper");
+    assert_eq!(stall.join(), "OK");
     let keys = redis.counter_names();
     let a = keys
         .lines()

@@ -11,10 +11,11 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::redis::RedisCluster;
-use common::{Tollgate, ask, request};
+use common::{Tollgate, ask, eventually, request, wait_until};
 
 /// One Cluster at a time: these tests measure timings (recovery, a reshard
 /// within request deadlines) that a neighbouring six-node Cluster being
@@ -206,16 +207,31 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
     let id = |n: usize| cluster.nodes[n].cli(&["CLUSTER", "MYID"]).trim().to_owned();
     let (from_id, to_id) = (id(from), id(to));
     // Traffic on every user, from several streams, while the reshard runs.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Each stream asks for every 8th user; its answers so far are counted,
+    // so the test knows when each has been round all its users.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let answered: std::sync::Arc<Vec<AtomicU64>> =
+        std::sync::Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+    let round = (users.len() / 8) as u64;
+    let rounds_done = |answered: &[AtomicU64], since: &[u64]| {
+        answered
+            .iter()
+            .zip(since)
+            .all(|(a, s)| a.load(Ordering::Relaxed) >= s + round)
+    };
+    let snapshot = |answered: &[AtomicU64]| -> Vec<u64> {
+        answered.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    };
     let mut streams = Vec::new();
     for s in 0..8 {
         let mut client = server.client().await;
         let users = users.clone();
         let stop = stop.clone();
+        let answered = answered.clone();
         streams.push(tokio::spawn(async move {
             let (mut admitted, mut refused) = (0u64, 0u64);
             let mut i = s;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let name = &users[i % users.len()];
                 match ask(&mut client, request("t", &[&[("user", name)]]))
                     .await
@@ -224,12 +240,21 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
                     1 => admitted += 1,
                     _ => refused += 1,
                 }
+                answered[s].fetch_add(1, Ordering::Relaxed);
                 i += 8;
             }
             (admitted, refused)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every user has a window in Redis before the reshard starts.
+    let zero = vec![0; 8];
+    assert!(
+        eventually(Duration::from_secs(30), async || rounds_done(
+            &answered, &zero
+        ))
+        .await,
+        "traffic before the reshard"
+    );
     let port = cluster.nodes[from].port.to_string();
     let slots = "2000";
     let reshard = tokio::task::spawn_blocking(move || {
@@ -247,8 +272,17 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
         "reshard: {}",
         String::from_utf8_lossy(&reshard.stdout)
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // And every user is asked again after it, the moved ones on their new
+    // master.
+    let after = snapshot(&answered);
+    assert!(
+        eventually(Duration::from_secs(30), async || rounds_done(
+            &answered, &after
+        ))
+        .await,
+        "traffic after the reshard"
+    );
+    stop.store(true, Ordering::Relaxed);
     let (mut admitted, mut refused) = (0, 0);
     for stream in streams {
         let (a, r) = stream.await.expect("stream");
@@ -315,8 +349,18 @@ async fn a_request_refused_because_one_of_its_slots_failed_spends_nothing_in_the
     }
     cluster.nodes[org_master].signal("-CONT");
     // Calls the stopped master received now run, late; their cancellations
-    // follow them.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // follow them, and once none is pending, all have run.
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        wait_until("the cancellations", Duration::from_secs(20), || {
+            t.metric("tollgate_store_cancellations_pending") == 0
+        })
+    });
+    assert!(server.metric("tollgate_store_cancellations_total{result=\"delivered\"}") >= 1);
+    assert_eq!(
+        server.metric("tollgate_store_cancellations_total{result=\"abandoned\"}"),
+        0
+    );
     let count = |node: usize, needle: &str| -> u64 {
         let n = &cluster.nodes[node];
         n.counter_names()

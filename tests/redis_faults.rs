@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
-use common::{Tollgate, ask, request};
+use common::{Tollgate, ask, request, wait_until};
 
 const RULES: &str =
     "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
@@ -43,13 +42,7 @@ async fn a_slow_redis_that_still_answers_never_opens_the_circuit() {
     // Redis stalls for 300 ms (as under CPU contention, only longer): calls
     // time out, the breaker's threshold is reached, and its confirming PING
     // gets its answer once the stall ends, well within its 1 s.
-    let port = redis.port.to_string();
-    let sleeper = std::thread::spawn(move || {
-        Command::new("redis-cli")
-            .args(["-p", &port, "DEBUG", "SLEEP", "0.3"])
-            .output()
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stall = redis.stall("0.3");
     let mut calls = Vec::new();
     for i in 0..10 {
         let mut client = server.client().await;
@@ -61,12 +54,21 @@ async fn a_slow_redis_that_still_answers_never_opens_the_circuit() {
     for call in calls {
         call.await.expect("call");
     }
-    let _ = sleeper.join();
+    assert_eq!(stall.join(), "OK");
     assert!(
         server.metric("tollgate_store_timeouts_total") >= 3,
         "calls timed out"
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The breaker's confirming PING is answered: the circuit stays closed.
+    wait_until(
+        "the confirming PING's answer",
+        Duration::from_secs(5),
+        || server.metric("tollgate_store_circuit_checks_total{result=\"answered\"}") >= 1,
+    );
+    assert_eq!(
+        server.metric("tollgate_store_circuit_checks_total{result=\"failed\"}"),
+        0
+    );
     assert_eq!(server.metric("tollgate_store_circuit_open"), 0);
     assert_eq!(server.metric("tollgate_store_circuit_open_total"), 0);
     assert_eq!(server.log_count("Redis unavailable"), 0);
@@ -190,13 +192,7 @@ async fn a_call_that_times_out_spends_nothing_even_when_redis_runs_it_late() {
     // Redis stalls (a slow link would do the same): every call below times
     // out at Tollgate, is answered from the failure mode (deny), and then
     // runs in Redis once the stall ends.
-    let port = redis.port.to_string();
-    let sleeper = std::thread::spawn(move || {
-        Command::new("redis-cli")
-            .args(["-p", &port, "DEBUG", "SLEEP", "0.6"])
-            .output()
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stall = redis.stall("0.6");
     let mut calls = Vec::new();
     for _ in 0..10 {
         let mut client = server.client().await;
@@ -207,8 +203,20 @@ async fn a_call_that_times_out_spends_nothing_even_when_redis_runs_it_late() {
     for call in calls {
         assert_eq!(call.await.expect("call"), 2, "refused by the failure mode");
     }
-    let _ = sleeper.join();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stall.join(), "OK");
+    // The late calls run in Redis after the stall, and so do their
+    // cancellations: once none is pending, both have.
+    wait_until("the cancellations", Duration::from_secs(10), || {
+        server.metric("tollgate_store_cancellations_pending") == 0
+    });
+    assert!(
+        server.metric("tollgate_store_cancellations_total{result=\"delivered\"}") >= 1,
+        "the calls with no answer were cancelled"
+    );
+    assert_eq!(
+        server.metric("tollgate_store_cancellations_total{result=\"abandoned\"}"),
+        0
+    );
     assert_eq!(
         counted(&redis, "user=late"),
         0,

@@ -350,20 +350,17 @@ async fn sigterm_lets_calls_in_flight_finish() {
     let mut client = server.client().await;
     // Warm up (connection and script), then hold Redis for half a second.
     code(&server, &[&[("a", "warm")]]).await.expect("ok");
-    let port = redis.port.to_string();
-    let sleeper = std::thread::spawn(move || {
-        std::process::Command::new("redis-cli")
-            .args(["-p", &port, "DEBUG", "SLEEP", "0.5"])
-            .output()
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stall = redis.stall("0.5");
     let sent = Instant::now();
     let in_flight = tokio::spawn(async move {
         client
             .should_rate_limit(request("r", &[&[("a", "late")]]))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // SIGTERM once the call waits in Redis's socket.
+    common::wait_until("the call to reach Redis", Duration::from_secs(5), || {
+        stall.waiting_bytes() > 0
+    });
     let term = std::process::Command::new("kill")
         .args(["-TERM", &server.pid().to_string()])
         .status()
@@ -381,12 +378,7 @@ async fn sigterm_lets_calls_in_flight_finish() {
     );
     assert_eq!(answer.overall_code, Code::Ok as i32);
     assert!(server.child.wait().expect("wait").success());
-    let slept = sleeper.join().expect("thread").expect("redis-cli");
-    assert_eq!(
-        String::from_utf8_lossy(&slept.stdout).trim(),
-        "OK",
-        "DEBUG SLEEP ran"
-    );
+    assert_eq!(stall.join(), "OK", "DEBUG SLEEP ran");
 }
 
 #[tokio::test(flavor = "multi_thread")]

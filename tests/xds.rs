@@ -149,8 +149,16 @@ async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_rest
     // The server goes away and comes back on the same address with v4: the
     // new stream opens with the version in force, and v4 is applied.
     let addr = xds.addr;
+    let ended = server.log_count("xDS stream for rate limit rules ended");
     drop(xds);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        common::wait_until(
+            "Tollgate to see the stream end",
+            Duration::from_secs(10),
+            || t.log_count("xDS stream for rate limit rules ended") > ended,
+        )
+    });
     assert_eq!(
         health(&server).0,
         200,
@@ -206,9 +214,14 @@ async fn without_waiting_it_is_ready_at_once_and_a_client_without_a_certificate_
     );
     let (status, body) = health(&server);
     assert_eq!(status, 200, "{body}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Refused again and again (retrying every 100 ms), never a stream.
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        common::wait_until("three refused attempts", Duration::from_secs(10), || {
+            t.log_count("cannot connect") + t.log_count("stream refused") >= 3
+        })
+    });
     assert!(xds.seen().is_empty(), "{:?}", xds.seen());
-    assert!(server.log_count("cannot connect") + server.log_count("stream refused") >= 1);
     let mut client = server.client().await;
     let answer = ask(&mut client, request("t", &[&[("user", "ann")]])).await;
     assert!(

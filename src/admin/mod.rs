@@ -191,6 +191,10 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         rlqs: s.quotas.metrics_snapshot(),
         candidate: s.candidate.as_ref().map(|c| c.metrics_snapshot()),
         admin_refused: s.access.refused(),
+        redis: match s.limiter.store() {
+            Store::Redis(r) => Some(r.events()),
+            Store::Memory(_) => None,
+        },
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -153,6 +153,18 @@ pub struct FailureModeCounters {
     pub local: AtomicU64,
 }
 
+/// Open connections, kept by the listeners (gauges).
+#[derive(Debug, Default)]
+pub(crate) struct Connections {
+    /// Open gRPC connections, all workers together.
+    pub grpc: Arc<AtomicU64>,
+    /// Open admin HTTP connections, all admin listeners together.
+    pub admin: Arc<AtomicU64>,
+    /// Admin connections with a request in progress (the others are idle,
+    /// and the first to go when the bound is reached).
+    pub admin_busy: Arc<AtomicU64>,
+}
+
 /// What `/metrics` shows beside the limiter's own: each subsystem's
 /// numbers, read at one moment.
 pub(crate) struct Others {
@@ -162,6 +174,8 @@ pub(crate) struct Others {
     pub candidate: Option<CandidateMetrics>,
     /// Admin requests refused.
     pub admin_refused: u64,
+    /// The Redis store's background work (`None` off Redis).
+    pub redis: Option<crate::store::redis::RedisEvents>,
 }
 
 /// Every metric of the process.
@@ -204,6 +218,8 @@ pub struct Metrics {
     pub config_load_error: AtomicU64,
     /// Unix time of the last good load.
     pub config_last_success: AtomicU64,
+    /// Open connections (set by the listeners).
+    pub(crate) connections: Arc<Connections>,
 }
 
 impl Metrics {
@@ -230,6 +246,7 @@ impl Metrics {
             config_load_success: AtomicU64::new(0),
             config_load_error: AtomicU64::new(0),
             config_last_success: AtomicU64::new(0),
+            connections: Arc::default(),
         }
     }
 
@@ -296,6 +313,9 @@ impl Metrics {
         rlqs::render(&mut e, &others.rlqs);
         if let Some(c) = &others.candidate {
             candidate::render(&mut e, c);
+        }
+        if let Some(redis) = &others.redis {
+            write_redis_events(&mut e, redis);
         }
         e.counter(
             "tollgate_admin_refused_total",
@@ -433,12 +453,54 @@ impl Metrics {
         );
         self.store_call
             .write(out, "tollgate_store_call_seconds", "Store call latency.");
-        Exposition::new(out).gauge(
-            "tollgate_config_last_success_timestamp_seconds",
-            "Unix time of the last good rule load.",
-            load(&self.config_last_success),
-        );
+        Exposition::new(out)
+            .gauge(
+                "tollgate_config_last_success_timestamp_seconds",
+                "Unix time of the last good rule load.",
+                load(&self.config_last_success),
+            )
+            .gauge(
+                "tollgate_grpc_connections",
+                "Open gRPC connections (bounded by --max-connections).",
+                load(&self.connections.grpc),
+            )
+            .gauge(
+                "tollgate_admin_connections",
+                "Open admin HTTP connections (bounded by --max-admin-connections).",
+                load(&self.connections.admin),
+            )
+            .gauge(
+                "tollgate_admin_connections_busy",
+                "Admin connections with a request in progress; the idle others are closed first when the bound is reached.",
+                load(&self.connections.admin_busy),
+            );
     }
+}
+
+/// The Redis store's background work: the breaker's confirming PINGs and
+/// the cancellations of calls left without an answer.
+fn write_redis_events(e: &mut Exposition<'_>, redis: &crate::store::redis::RedisEvents) {
+    let checks = "tollgate_store_circuit_checks_total";
+    e.family(
+        checks,
+        "Confirming PINGs after --redis-breaker failures in a row: answered keeps the circuit closed (calls failed while Redis was up: the timeout may be too tight for the load), failed opens it.",
+        Kind::Counter,
+    )
+    .sample(checks, "result=\"answered\"", redis.checks_answered)
+    .sample(checks, "result=\"failed\"", redis.checks_failed);
+    let cancels = "tollgate_store_cancellations_total";
+    e.family(
+        cancels,
+        "Cancellations of Redis calls left without an answer: delivered (the call spent nothing) or abandoned (what it committed, if it ran, stays spent).",
+        Kind::Counter,
+    )
+    .sample(cancels, "result=\"delivered\"", redis.cancels_delivered)
+    .sample(cancels, "result=\"abandoned\"", redis.cancels_abandoned);
+    e.gauge(
+        "tollgate_store_cancellations_pending",
+        "Cancellations still being sent.",
+        redis.cancels_pending,
+    );
 }
 
 /// `value` cut to at most `max` bytes, on a character boundary.

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,7 +35,8 @@ pub(super) async fn serve(
         .header_read_timeout(limits.admin_timeout.min(Duration::from_secs(10)))
         .max_buf_size(64 * 1024);
     let mut connections = JoinSet::new();
-    let idle = Arc::new(Idle::default());
+    let idle = limits.admin_idle.clone();
+    idle.count_busy_on(&limits.open.admin_busy);
     let evict = {
         let idle = idle.clone();
         move || idle.evict_oldest()
@@ -43,6 +45,7 @@ pub(super) async fn serve(
         "admin",
         "--max-admin-connections",
         limits.admin_connections.clone(),
+        limits.open.admin.clone(),
     )
     .evicting(evict);
     loop {
@@ -90,11 +93,15 @@ pub(super) async fn serve(
 }
 
 /// The admin connections and since when each has been idle.
-#[derive(Default)]
-struct Idle {
-    next: std::sync::atomic::AtomicU64,
+#[derive(Debug, Default)]
+pub(crate) struct Idle {
+    next: AtomicU64,
     connections: parking_lot::Mutex<HashMap<u64, Connection>>,
+    /// The gauge of busy connections.
+    busy: std::sync::OnceLock<Arc<AtomicU64>>,
 }
+
+#[derive(Debug)]
 
 struct Connection {
     /// Since when no request has been in progress; `None` while one is.
@@ -103,9 +110,25 @@ struct Connection {
 }
 
 impl Idle {
+    /// Counts busy connections on `gauge` (the first listener's call sets
+    /// it; all share one gauge).
+    fn count_busy_on(&self, gauge: &Arc<AtomicU64>) {
+        let _ = self.busy.set(gauge.clone());
+    }
+
+    fn busy_changed(&self, busy: bool) {
+        if let Some(gauge) = self.busy.get() {
+            if busy {
+                gauge.fetch_add(1, Ordering::Relaxed);
+            } else {
+                gauge.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// A new connection, idle from now; notified when evicted.
     fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let evict = Arc::new(tokio::sync::Notify::new());
         self.connections.lock().insert(
             id,
@@ -119,7 +142,18 @@ impl Idle {
 
     fn set(&self, id: u64, busy: bool) {
         if let Some(c) = self.connections.lock().get_mut(&id) {
+            if c.idle_since.is_none() != busy {
+                self.busy_changed(busy);
+            }
             c.idle_since = if busy { None } else { Some(Instant::now()) };
+        }
+    }
+
+    /// Forgets connection `id` (its task ended).
+    fn remove(&self, id: u64) {
+        let gone = self.connections.lock().remove(&id);
+        if gone.is_some_and(|c| c.idle_since.is_none()) {
+            self.busy_changed(false);
         }
     }
 
@@ -131,6 +165,7 @@ impl Idle {
             .filter_map(|(id, c)| c.idle_since.map(|t| (t, *id)))
             .min();
         match oldest {
+            // Idle: the busy gauge does not change.
             Some((_, id)) => {
                 if let Some(c) = connections.remove(&id) {
                     c.evict.notify_one();
@@ -147,7 +182,7 @@ struct Gone<'a>(&'a Idle, u64);
 
 impl Drop for Gone<'_> {
     fn drop(&mut self) {
-        self.0.connections.lock().remove(&self.1);
+        self.0.remove(self.1);
     }
 }
 

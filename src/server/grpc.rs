@@ -307,7 +307,12 @@ where
     let mut connections = JoinSet::new();
     // Each connection watches its own copy of the stop signal.
     let stop_for_connections = stop.clone();
-    let mut incoming = Acceptor::new("gRPC", "--max-connections", limits.grpc_connections.clone());
+    let mut incoming = Acceptor::new(
+        "gRPC",
+        "--max-connections",
+        limits.grpc_connections.clone(),
+        limits.open.grpc.clone(),
+    );
     loop {
         tokio::select! {
             (tcp, permit) = incoming.next(&listener) => {

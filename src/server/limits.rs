@@ -3,7 +3,7 @@
 //! "Bounds" table); the defaults leave Envoy's own behaviour untouched.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -35,6 +35,11 @@ pub(crate) struct ConnectionLimits {
     /// Longest an admin connection stays open, headers, body and response
     /// included (`--admin-timeout`).
     pub admin_timeout: Duration,
+    /// The admin connections and since when each is idle, across all admin
+    /// listeners (they share `admin_connections`, so eviction does too).
+    pub admin_idle: Arc<super::admin::Idle>,
+    /// Open connections, for `/metrics` (the limiter's).
+    pub open: Arc<crate::metrics::Connections>,
 }
 
 impl Default for ConnectionLimits {
@@ -49,6 +54,8 @@ impl Default for ConnectionLimits {
             window_bytes: 128 * 1024,
             admin_connections: Arc::new(Semaphore::new(64)),
             admin_timeout: Duration::from_secs(30),
+            admin_idle: Arc::default(),
+            open: Arc::default(),
         }
     }
 }
@@ -108,11 +115,36 @@ impl FullNotice {
 /// Makes room at the bound by closing a connection; false when none can go.
 type Evict = Box<dyn Fn() -> bool + Send + Sync>;
 
+/// A connection's place under its bound: the slot, and one on the open
+/// connections gauge, both given back when the connection ends.
+#[derive(Debug)]
+pub(super) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Arc<AtomicU64>,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, open: &Arc<AtomicU64>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        Self {
+            _permit: permit,
+            open: open.clone(),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One listener's accept loop state.
 pub(super) struct Acceptor {
     what: &'static str,
     flag: &'static str,
     slots: Arc<Semaphore>,
+    open: Arc<AtomicU64>,
     backoff: AcceptBackoff,
     full: FullNotice,
     evict: Option<Evict>,
@@ -131,12 +163,19 @@ impl std::fmt::Debug for Acceptor {
 }
 
 impl Acceptor {
-    /// For the listener called `what`, whose connection bound is `flag`.
-    pub(super) fn new(what: &'static str, flag: &'static str, slots: Arc<Semaphore>) -> Self {
+    /// For the listener called `what`, whose connection bound is `flag`,
+    /// counting its open connections on `open`.
+    pub(super) fn new(
+        what: &'static str,
+        flag: &'static str,
+        slots: Arc<Semaphore>,
+        open: Arc<AtomicU64>,
+    ) -> Self {
         Self {
             what,
             flag,
             slots,
+            open,
             backoff: AcceptBackoff::default(),
             full: FullNotice::default(),
             evict: None,
@@ -154,10 +193,7 @@ impl Acceptor {
     /// The next connection that fits under the bound, with its slot: a
     /// failed accept backs off, a connection past the bound is closed at
     /// once. Cancel-safe (for `select!`).
-    pub(super) async fn next(
-        &mut self,
-        listener: &TcpListener,
-    ) -> (TcpStream, OwnedSemaphorePermit) {
+    pub(super) async fn next(&mut self, listener: &TcpListener) -> (TcpStream, Slot) {
         loop {
             if let Some((_, until)) = &self.waiting {
                 let slot =
@@ -167,7 +203,7 @@ impl Acceptor {
                     continue;
                 };
                 if let Ok(Ok(permit)) = slot {
-                    return (tcp, permit);
+                    return (tcp, Slot::new(permit, &self.open));
                 }
                 self.full.full(self.what, self.flag);
                 drop(tcp);
@@ -187,7 +223,7 @@ impl Acceptor {
             match self.slots.clone().try_acquire_owned() {
                 Ok(permit) => {
                     self.full.room();
-                    return (tcp, permit);
+                    return (tcp, Slot::new(permit, &self.open));
                 }
                 // At the bound: an eviction frees a slot as soon as the
                 // evicted connection's task ends.

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 mod admin;
 mod grpc;
+#[cfg(feature = "test-util")]
+mod in_process;
 mod limits;
 mod start;
 mod tls;
@@ -29,6 +31,8 @@ use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rlqs::{Quotas, RlqsService};
 use crate::rls::RlsService;
+#[cfg(feature = "test-util")]
+pub use in_process::InProcess;
 pub(crate) use limits::ConnectionLimits;
 pub use start::serve_from_settings;
 pub(crate) use tls::{Tls, TlsFiles};
@@ -169,10 +173,68 @@ pub(crate) struct ReferenceMetrics {
 /// Serves until `shutdown` completes; then reports unhealthy for
 /// `shutdown_delay`, stops accepting, lets in-flight calls finish (at most
 /// [`DRAIN_TIMEOUT`]), and returns.
+///
+/// Each gRPC listener gets a worker thread with its own current-thread
+/// runtime (see the module's comment); the admin side runs on one more.
 pub(crate) fn run(
     serve: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let (workers, control) = parts(serve, shutdown);
+    let mut threads = Vec::with_capacity(workers.len());
+    for (i, worker) in workers.into_iter().enumerate() {
+        let thread = std::thread::Builder::new()
+            .name(format!("tollgate-worker-{i}"))
+            .spawn(move || -> std::io::Result<()> {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(worker)
+            })?;
+        threads.push(thread);
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(control)?;
+    for thread in threads {
+        match thread.join() {
+            Ok(result) => result?,
+            Err(_) => return Err(std::io::Error::other("a worker thread panicked")),
+        }
+    }
+    Ok(())
+}
+
+/// [`run`] on the runtime it is awaited on: the workers are tasks, not
+/// threads. For tests that drive time by hand (a current-thread runtime
+/// with its clock paused): every timer of the server is then on that clock.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+pub(crate) async fn run_here(
+    serve: Serve,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (workers, control) = parts(serve, shutdown);
+    let workers: Vec<_> = workers.into_iter().map(tokio::spawn).collect();
+    control.await?;
+    for worker in workers {
+        worker
+            .await
+            .map_err(|_| std::io::Error::other("a worker task panicked"))??;
+    }
+    Ok(())
+}
+
+/// The server in pieces: one future per gRPC listener (a worker), and the
+/// control future (admin listeners, background tasks, shutdown), which
+/// returns once shutdown has told the workers to stop.
+fn parts(
+    serve: Serve,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> (
+    Vec<impl Future<Output = std::io::Result<()>> + Send + 'static>,
+    impl Future<Output = std::io::Result<()>> + Send + 'static,
+) {
     let Serve {
         limiter,
         quotas,
@@ -205,15 +267,12 @@ pub(crate) fn run(
     let reference_addr = reference_metrics
         .as_ref()
         .and_then(|r| r.listener.local_addr().ok());
-    let control = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let (grpc_health, health_service) = tonic_health::server::health_reporter();
     let health = Arc::new(Health::default());
 
     let mut workers = Vec::with_capacity(grpc.len());
-    for (i, listener) in grpc.into_iter().enumerate() {
+    for listener in grpc {
         let service = RlsService::new(limiter.clone())
             .with_tracing(otel.clone())
             .into_server();
@@ -223,27 +282,19 @@ pub(crate) fn run(
         let tls = tls.clone();
         let health_service = health_service.clone();
         let stop = stop_rx.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("tollgate-worker-{i}"))
-            .spawn(move || -> std::io::Result<()> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener)?;
-                    let dispatch = grpc::Dispatch {
-                        rls: service,
-                        rlqs: quota_service,
-                        health: health_service,
-                        rlqs_message_bytes,
-                    };
-                    grpc::serve(listener, dispatch, limits, tls, stop).await
-                })
-            })?;
-        workers.push(thread);
+        workers.push(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let dispatch = grpc::Dispatch {
+                rls: service,
+                rlqs: quota_service,
+                health: health_service,
+                rlqs_message_bytes,
+            };
+            grpc::serve(listener, dispatch, limits, tls, stop).await
+        });
     }
 
-    control.block_on(async {
+    let control = async move {
         let mut tasks = Vec::new();
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -306,7 +357,11 @@ pub(crate) fn run(
             )));
         }
         if let Some(xds) = xds {
-            tasks.push(tokio::spawn(crate::xds::run(xds, limiter.clone(), health.clone())));
+            tasks.push(tokio::spawn(crate::xds::run(
+                xds,
+                limiter.clone(),
+                health.clone(),
+            )));
         }
         // Renewed certificates are picked up for new connections.
         if let Some(tls) = tls.clone() {
@@ -315,7 +370,8 @@ pub(crate) fn run(
             })));
         }
         // gRPC health says what /healthcheck says.
-        let (health_limiter, health_state, reporter) = (limiter.clone(), health.clone(), grpc_health.clone());
+        let (health_limiter, health_state, reporter) =
+            (limiter.clone(), health.clone(), grpc_health.clone());
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -384,14 +440,8 @@ pub(crate) fn run(
             task.abort();
         }
         Ok::<(), std::io::Error>(())
-    })?;
-    for worker in workers {
-        match worker.join() {
-            Ok(result) => result?,
-            Err(_) => return Err(std::io::Error::other("a worker thread panicked")),
-        }
-    }
-    Ok(())
+    };
+    (workers, control)
 }
 
 /// Runs `work` every `interval` on a blocking thread, never two at once:

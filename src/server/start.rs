@@ -17,6 +17,21 @@ use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 /// Starts Tollgate as `args` say and serves until SIGINT or SIGTERM. The error
 /// says what stopped start-up (or the server).
 pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
+    let (serve, otel) = prepare(args)?;
+    let served = super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string());
+    // Spans still buffered are sent before the process ends.
+    if let Some(otel) = otel.and_then(|o| Arc::try_unwrap(o).ok()) {
+        otel.shutdown();
+    }
+    served
+}
+
+/// Everything `args` ask for, built and bound, ready to run; and the
+/// tracing exporter to flush at the end. The error says what stopped
+/// start-up.
+pub(crate) fn prepare(
+    args: &ServeArgs,
+) -> Result<(super::Serve, Option<Arc<crate::otel::Otel>>), String> {
     let paths = args.rule_paths();
     let xds = args.xds.options(args.load_options())?;
     let rules = match &xds {
@@ -186,6 +201,7 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
             reloader,
         })
     };
+    let limiter_connections = limiter.metrics().connections.clone();
     let serve = super::Serve {
         limiter,
         quotas,
@@ -208,6 +224,8 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
             window_bytes: args.max_request_bytes,
             admin_connections: Arc::new(tokio::sync::Semaphore::new(args.max_admin_connections)),
             admin_timeout: args.admin_timeout,
+            admin_idle: Arc::default(),
+            open: limiter_connections,
         },
         tls,
         admin_tls: args.admin_tls == OnOff::On,
@@ -223,12 +241,7 @@ pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
         reference_metrics,
         otel: otel.clone(),
     };
-    let served = super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string());
-    // Spans still buffered are sent before the process ends.
-    if let Some(otel) = otel.and_then(|o| Arc::try_unwrap(o).ok()) {
-        otel.shutdown();
-    }
-    served
+    Ok((serve, otel))
 }
 
 /// The reference's stats as Prometheus metrics, when asked for: the

@@ -217,6 +217,57 @@ impl RedisServer {
             .collect()
     }
 
+    /// Holds the server for `seconds` (`DEBUG SLEEP`, sent from a thread),
+    /// as a CPU-starved or swapping Redis would be: returns once it has
+    /// stopped answering, which a PING of this test's own no longer gets an
+    /// answer within 50 ms says. Not a fixed "give it a moment": the stall
+    /// is known to have begun.
+    pub fn stall(&self, seconds: &str) -> Stall {
+        require("redis-cli");
+        let port = self.port.to_string();
+        let seconds = seconds.to_owned();
+        let sleeper = std::thread::spawn(move || {
+            let out = Command::new("redis-cli")
+                .args(["-p", &port, "DEBUG", "SLEEP", &seconds])
+                .output()
+                .expect("redis-cli DEBUG SLEEP");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        });
+        let mut probe = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                Instant::now() < deadline && !sleeper.is_finished(),
+                "Redis on port {} never stalled",
+                self.port
+            );
+            std::io::Write::write_all(&mut probe, b"PING\r\n").expect("PING");
+            let mut pong = [0u8; 7];
+            match std::io::Read::read_exact(&mut probe, &mut pong) {
+                Ok(()) => std::thread::sleep(Duration::from_millis(2)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break;
+                }
+                Err(e) => panic!("PING: {e}"),
+            }
+        }
+        let probe_port = probe.local_addr().expect("addr").port();
+        Stall {
+            sleeper,
+            port: self.port,
+            probe_port,
+            _probe: probe,
+        }
+    }
+
     /// `calls=` of one command in `INFO commandstats`.
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.cli(&["INFO", "commandstats"]);
@@ -226,6 +277,49 @@ impl RedisServer {
             .and_then(|rest| rest.split(',').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)
+    }
+}
+
+/// A Redis held by `DEBUG SLEEP` (see [`RedisServer::stall`]).
+pub struct Stall {
+    sleeper: std::thread::JoinHandle<String>,
+    port: u16,
+    /// The test's own PING connection, whose unanswered PING is not a
+    /// client's call.
+    probe_port: u16,
+    _probe: std::net::TcpStream,
+}
+
+impl Stall {
+    /// Bytes clients have sent the stalled server that it has not read yet
+    /// (the kernel's receive queues, `/proc/net/tcp`): a call that reached
+    /// Redis and waits for it. The test's own PING is not counted.
+    pub fn waiting_bytes(&self) -> u64 {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = |addr: &str| {
+                    addr.rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                };
+                let established = fields.get(3) == Some(&"01");
+                let ours = port(fields.get(1)?)? == self.port;
+                let probe = port(fields.get(2)?)? == self.probe_port;
+                let queued = fields.get(4)?.split(':').nth(1)?;
+                (established && ours && !probe)
+                    .then(|| u64::from_str_radix(queued, 16).ok())
+                    .flatten()
+            })
+            .sum()
+    }
+
+    /// Waits for the stall to end; `DEBUG SLEEP`'s answer (`OK`).
+    pub fn join(self) -> String {
+        self.sleeper.join().expect("DEBUG SLEEP thread")
     }
 }
 

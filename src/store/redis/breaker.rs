@@ -86,6 +86,7 @@ impl RedisStore {
             let breaker = &store.inner.breaker;
             let answers = store.probe().await.is_ok();
             breaker.confirmed(!answers);
+            store.inner.events.checked(answers);
             if answers {
                 tracing::debug!(%error, "Redis calls failed but Redis answers PING; the circuit stays closed");
                 return;

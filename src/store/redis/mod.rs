@@ -25,6 +25,7 @@ mod breaker;
 mod cluster;
 mod coalesce;
 mod conn;
+mod events;
 mod keys;
 mod lease;
 mod msgpack;
@@ -43,6 +44,8 @@ use super::{Check, StoreError};
 use crate::clock::Nanos;
 use breaker::Breaker;
 pub use coalesce::BatchBounds;
+use events::Events;
+pub use events::RedisEvents;
 use options::config_error;
 pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
@@ -69,6 +72,8 @@ struct Inner {
     cancel: Lua,
     quota: Lua,
     breaker: Breaker,
+    /// Confirming PINGs and cancellations, for `/metrics`.
+    events: Arc<Events>,
     /// Cluster routing: the slot map and each master's health.
     cluster: Option<cluster::Cluster>,
     over_limit: Option<OverLimitCache>,
@@ -171,6 +176,7 @@ impl RedisStore {
                 cancel: Lua::new(include_str!("cancel.lua").to_owned()),
                 quota: Lua::new(include_str!("quota.lua").to_owned()),
                 breaker: Breaker::default(),
+                events: Arc::default(),
                 cluster,
                 leases: lease::Leases::default(),
                 sentinel_master: parking_lot::Mutex::new(None),
@@ -189,6 +195,16 @@ impl RedisStore {
                 .cluster
                 .as_ref()
                 .is_some_and(|c| !c.open_masters().is_empty())
+    }
+
+    /// The breaker's confirming PINGs and the cancellations of calls with
+    /// no answer, this store's and its per-second pool's together.
+    pub fn events(&self) -> RedisEvents {
+        let own = self.inner.events.snapshot();
+        match &self.inner.per_second {
+            Some(pool) => own + pool.events(),
+            None => own,
+        }
     }
 
     /// Cluster masters whose circuit is open (none off a Cluster).

@@ -8,6 +8,7 @@ use super::keys::{Slot, hash_tag, slot_of};
 use redis::Value;
 use smallvec::SmallVec;
 
+use super::events::CancelEnd;
 use super::{RedisStore, msgpack};
 use crate::store::StoreError;
 
@@ -260,6 +261,7 @@ impl RedisStore {
         let store = self.clone();
         let keys = inv.keys().to_vec();
         let ttl = self.receipt_ttl();
+        let cancelling = self.inner.events.cancelling();
         tokio::spawn(async move {
             let mut cancel = store.inner.cancel.prepare_invoke();
             for key in &keys {
@@ -273,10 +275,10 @@ impl RedisStore {
                 if !store.slot_open(slot) {
                     let sent = tokio::time::timeout(within, store.invoke(slot, &cancel)).await;
                     match sent {
-                        Ok(Ok(_)) => return,
+                        Ok(Ok(_)) => return cancelling.ended(CancelEnd::Delivered),
                         Ok(Err(error)) if !error.is_transient() => {
                             tracing::debug!(%error, "cancelling a call with no answer failed; what it committed, if it ran, stays spent");
-                            return;
+                            return cancelling.ended(CancelEnd::Abandoned);
                         }
                         _ => {}
                     }
@@ -285,7 +287,7 @@ impl RedisStore {
                     tracing::debug!(
                         "no cancellation delivered for a call with no answer; what it committed, if it ran, stays spent"
                     );
-                    return;
+                    return cancelling.ended(CancelEnd::Abandoned);
                 }
                 tokio::time::sleep(options.probe_interval).await;
             }

@@ -353,6 +353,7 @@ impl RedisStore {
         tokio::spawn(async move {
             let answers = store.probe_node(&node).await.is_ok();
             node.breaker.confirmed(!answers);
+            store.inner.events.checked(answers);
             if answers {
                 tracing::debug!(node = %node.addr, %error, "Redis Cluster calls failed but the node answers PING; its circuit stays closed");
                 return;
