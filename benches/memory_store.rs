@@ -10,16 +10,15 @@
 #![allow(clippy::expect_used)]
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tollgate::algorithm::{Algorithm, Quota};
 use tollgate::clock::{NANOS_PER_SEC, SystemClock};
-use tollgate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
-use tollgate::rules::{LoadOptions, Unit, load_sources};
-use tollgate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions, Store};
+use tollgate::limiter::{Descriptor, Limiter, Request};
+use tollgate::rules::{RuleSet, Unit};
+use tollgate::store::{Check, CounterKey, MemoryStore, MemoryStoreOptions};
 
 const DISTINCT: usize = 100_000;
 
@@ -100,16 +99,9 @@ descriptors:
 
 /// A limiter on the memory store over `rules`.
 fn memory_limiter(rules: &str) -> Limiter {
-    let rules = load_sources(
-        &[(PathBuf::from("bench.yaml"), rules.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
-    Limiter::new(
-        rules,
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+    Limiter::in_memory(
+        RuleSet::from_yaml(rules).expect("rules"),
         Arc::new(SystemClock),
-        LimiterOptions::default(),
     )
 }
 

@@ -8,14 +8,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
 use tollgate::clock::{ManualClock, NANOS_PER_SEC, Nanos};
 use tollgate::limiter::{Decision, Descriptor, Limiter, LimiterOptions, Request};
-use tollgate::rules::{LoadOptions, load_sources};
+use tollgate::rules::RuleSet;
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
 
@@ -89,11 +88,7 @@ struct Harness {
 
 impl Harness {
     fn new(backend: Backend) -> Self {
-        let rules = load_sources(
-            &[(PathBuf::from("c.yaml"), RULES.into())],
-            &LoadOptions::default(),
-        )
-        .expect("rules");
+        let rules = RuleSet::from_yaml(RULES).expect("rules");
         let start = common::next_whole_hour();
         let clock = ManualClock::new(start);
         let store = match &backend {

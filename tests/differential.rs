@@ -14,7 +14,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use common::redis::{RedisCluster, RedisServer};
 use proptest::prelude::*;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::limiter::{Descriptor, LimitOverride, Limiter, LimiterOptions, Request};
-use tollgate::rules::{LoadOptions, Unit, load_sources};
+use tollgate::rules::{RuleSet, Unit};
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
 
@@ -169,11 +168,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn limiter(store: Store, clock: &ManualClock) -> Limiter {
-    let rules = load_sources(
-        &[(PathBuf::from("d.yaml"), RULES.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
+    let rules = RuleSet::from_yaml(RULES).expect("rules");
     let options = LimiterOptions {
         // A Redis error is a failed test, not a failure mode.
         unavailable_on_store_error: true,

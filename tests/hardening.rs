@@ -702,9 +702,9 @@ fn start_up_tolerates_kubernetes_service_variables_and_refuses_typos_and_zeros()
 fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
     use std::sync::Arc;
     use tollgate::clock::ManualClock;
-    use tollgate::limiter::{Limiter, LimiterOptions};
+    use tollgate::limiter::Limiter;
     use tollgate::rules::{LoadOptions, load_paths};
-    use tollgate::store::{MemoryStore, MemoryStoreOptions, Store};
+
     use tollgate::test_util::Reloader;
 
     let rules = |keys: &[&str]| {
@@ -720,12 +720,7 @@ fn a_rule_file_rewritten_in_place_is_loaded_only_once_it_settles() {
     let path = dir.path().join("rules.yaml");
     std::fs::write(&path, rules(&["a", "b"])).expect("write");
     let loaded = load_paths(std::slice::from_ref(&path), &LoadOptions::default()).expect("rules");
-    let limiter = Arc::new(Limiter::new(
-        loaded,
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
-        Arc::new(ManualClock::new(0)),
-        LimiterOptions::default(),
-    ));
+    let limiter = Arc::new(Limiter::in_memory(loaded, Arc::new(ManualClock::new(0))));
     let reloader = Reloader::new(vec![path.clone()], LoadOptions::default(), limiter.clone());
     // An editor rewrites the file in place; the first look catches it half
     // written: valid YAML, with only the first of its three rules.

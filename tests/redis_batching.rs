@@ -16,14 +16,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis::RedisServer;
 use tollgate::clock::{Clock, ManualClock, NANOS_PER_SEC};
 use tollgate::limiter::{Limiter, LimiterOptions, Request};
-use tollgate::rules::{LoadOptions, load_sources};
+use tollgate::rules::RuleSet;
 use tollgate::store::Store;
 use tollgate::store::redis::{BatchBounds, RedisOptions, RedisStore, RedisTarget};
 
@@ -50,11 +49,7 @@ fn instance_with(redis: &RedisServer, clock: &ManualClock, rules: &str) -> Limit
 
 /// A Tollgate instance on `rules` (one file's text) with the Redis `options`.
 fn instance_on(options: RedisOptions, clock: &ManualClock, rules: &str) -> Limiter {
-    let rules = load_sources(
-        &[(PathBuf::from("l.yaml"), rules.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
+    let rules = RuleSet::from_yaml(rules).expect("rules");
     let store = Store::Redis(RedisStore::new(options).expect("store"));
     let options = LimiterOptions {
         unavailable_on_store_error: true,

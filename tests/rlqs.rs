@@ -10,7 +10,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +27,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limiter::{Limiter, LimiterOptions};
 use tollgate::test_util::{QuotaOptions, Quotas};
-use tollgate::rules::{LoadOptions, load_sources};
+use tollgate::rules::RuleSet;
 use tollgate::store::Store;
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -44,11 +43,7 @@ descriptors:
 // Instances sharing a bucket through the store (library level, manual clock).
 
 fn instance(target: RedisTarget, clock: &ManualClock, name: &str) -> Arc<Quotas> {
-    let rules = load_sources(
-        &[(PathBuf::from("r.yaml"), RULES.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules");
+    let rules = RuleSet::from_yaml(RULES).expect("rules");
     let mut options = RedisOptions::new(target);
     options.timeout = Duration::from_secs(2);
     let store = Store::Redis(RedisStore::new(options).expect("store"));

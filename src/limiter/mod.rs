@@ -91,6 +91,17 @@ impl Limiter {
         }
     }
 
+    /// A limiter over `rules` on a fresh memory store with the default
+    /// bounds and options, reading time from `clock`.
+    pub fn in_memory(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
+        Self::new(
+            rules,
+            Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+            clock,
+            LimiterOptions::default(),
+        )
+    }
+
     /// Shows every request this limiter decides from now on to `observer`,
     /// after its decision (which it never changes). Set once; a second
     /// call is ignored and says so.

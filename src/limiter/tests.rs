@@ -1,10 +1,9 @@
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
+use crate::rules::RuleSet;
 use crate::rules::Unit;
-use crate::rules::{LoadOptions, load_sources};
 use crate::store::{MemoryStore, MemoryStoreOptions};
 
 const RULES: &str = "domain: api
@@ -36,11 +35,7 @@ descriptors:
 ";
 
 fn limiter_with(store: MemoryStoreOptions) -> (Limiter, ManualClock) {
-    let rules = load_sources(
-        &[(PathBuf::from("r.yaml"), RULES.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules load");
+    let rules = RuleSet::from_yaml(RULES).expect("rules load");
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
     let limiter = Limiter::new(
         rules,

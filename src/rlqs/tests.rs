@@ -1,5 +1,4 @@
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +12,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
-use crate::limiter::{Limiter, LimiterOptions};
-use crate::rules::{LoadOptions, RuleSet, load_sources};
-use crate::store::{MemoryStore, MemoryStoreOptions, Store};
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
 
 const RULES: &str = "domain: rlqs
 descriptors:
@@ -34,22 +32,13 @@ descriptors:
 ";
 
 fn rules(text: &str) -> RuleSet {
-    load_sources(
-        &[(PathBuf::from("r.yaml"), text.into())],
-        &LoadOptions::default(),
-    )
-    .expect("rules load")
+    RuleSet::from_yaml(text).expect("rules load")
 }
 
 /// Quotas on a memory store at the start of a minute.
 fn quotas(options: QuotaOptions) -> (Arc<Quotas>, Arc<Limiter>, ManualClock) {
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
-    let limiter = Arc::new(Limiter::new(
-        rules(RULES),
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
-        Arc::new(clock.clone()),
-        LimiterOptions::default(),
-    ));
+    let limiter = Arc::new(Limiter::in_memory(rules(RULES), Arc::new(clock.clone())));
     (
         Arc::new(Quotas::new(limiter.clone(), options)),
         limiter,

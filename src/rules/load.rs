@@ -66,6 +66,17 @@ pub fn load_paths(paths: &[PathBuf], options: &LoadOptions) -> Result<RuleSet, R
     load_sources(&sources, options)
 }
 
+impl RuleSet {
+    /// The rules of one YAML document with the default load options, as if
+    /// read from a file named `rules.yaml` (the name errors give).
+    pub fn from_yaml(text: &str) -> Result<Self, RuleErrors> {
+        load_sources(
+            &[(PathBuf::from("rules.yaml"), text.to_owned())],
+            &LoadOptions::default(),
+        )
+    }
+}
+
 /// Builds a rule set from `(file name, text)` pairs, in order.
 pub fn load_sources(
     sources: &[(PathBuf, String)],

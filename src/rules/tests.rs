@@ -3,10 +3,7 @@ use std::path::PathBuf;
 use super::*;
 
 fn load(text: &str) -> Result<RuleSet, RuleErrors> {
-    load_sources(
-        &[(PathBuf::from("rules.yaml"), text.to_owned())],
-        &LoadOptions::default(),
-    )
+    RuleSet::from_yaml(text)
 }
 
 fn limit_of(rules: &RuleSet, entries: &[(&str, &str)]) -> Option<u32> {
