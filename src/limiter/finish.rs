@@ -118,6 +118,7 @@ fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
         requests_per_unit: plan.limit.requests_per_unit,
         unit: plan.limit.unit,
         from_request: plan.rule.is_none(),
+        rule: plan.rule.as_ref().map(|r| r.index),
         window_seconds: match plan.limit.calendar {
             None => plan.limit.period_seconds(),
             Some(_) => {

@@ -104,6 +104,9 @@ pub struct AppliedLimit {
     pub shadow: bool,
     /// The request's own limit override, which no rule wrote.
     pub from_request: bool,
+    /// The rule that set the limit: its index in the rule set in force
+    /// ([`crate::rules::Rule::index`]); `None` for a request's override.
+    pub rule: Option<usize>,
 }
 
 /// The answer to a request.

@@ -204,6 +204,7 @@ mod tests {
                 window_seconds: 60,
                 shadow,
                 from_request: false,
+                rule: None,
             })
     }
 

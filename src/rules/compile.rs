@@ -188,7 +188,10 @@ impl Compiler {
                     ));
                     continue;
                 }
-                let rule = Arc::new(rule);
+                let rule = Arc::new(Rule {
+                    index: self.rules.len(),
+                    ..rule
+                });
                 self.rules.push(rule.clone());
                 rules.push(rule);
             }
@@ -308,6 +311,8 @@ impl Compiler {
             metric_labels,
             limit_label: limit_label.map(Into::into),
             stats: std::sync::OnceLock::new(),
+            // Set when the rule joins the set (see `add_descriptors`).
+            index: 0,
         })
     }
 

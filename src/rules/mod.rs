@@ -165,6 +165,9 @@ pub struct Rule {
     pub limit_label: Option<Box<str>>,
     /// This rule's counters, found once (they outlive reloads).
     pub stats: std::sync::OnceLock<std::sync::Arc<crate::metrics::LimitStats>>,
+    /// Its position in [`RuleSet::rules`]: what a decision's
+    /// [`AppliedLimit::rule`](crate::limiter::AppliedLimit::rule) names.
+    pub index: usize,
 }
 
 /// A place in a rule file.

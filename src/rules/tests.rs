@@ -466,3 +466,19 @@ descriptors:
     assert_eq!(err.0.len(), 3, "{err}");
     assert_eq!(lines, [4, 9, 11], "{err}");
 }
+
+#[test]
+fn each_rule_knows_its_place_in_the_set() {
+    let rules = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 100}\n  - key: b\n    rate_limit: {unlimited: true}\n  - key: c\n    descriptors:\n      - key: e\n        rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .expect("loads");
+    assert_eq!(rules.rules().len(), 4);
+    for (i, rule) in rules.rules().iter().enumerate() {
+        assert_eq!(rule.index, i, "{}", rule.path);
+    }
+    let matched = rules
+        .lookup("d", &[("c", "x"), ("e", "y")])
+        .expect("matches");
+    assert_eq!(matched.rules[0].index, 3);
+}

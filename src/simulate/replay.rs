@@ -38,15 +38,13 @@ pub(crate) fn replay(
     let end = events.last().map_or(0, |e| e.at);
     let bins = ((end - start) / bin.max(1) + 1) as usize;
     let clock = ManualClock::new(start);
-    // Rules by their policy name's allocation: statuses carry that Arc.
-    let mut by_policy: HashMap<usize, usize> = HashMap::new();
+    // What is tracked for each rule with a limit, by the rule's index
+    // (which each applied limit names).
+    let mut by_rule: Vec<Option<usize>> = vec![None; rules.rules().len()];
     let mut tracking: Vec<Tracking> = Vec::new();
     for rule in rules.rules() {
         let Some(limit) = rule.limit else { continue };
-        by_policy.insert(
-            Arc::as_ptr(&rule.policy_name) as *const u8 as usize,
-            tracking.len(),
-        );
+        by_rule[rule.index] = Some(tracking.len());
         tracking.push(Tracking {
             result: RuleResult {
                 rule: rule.path.clone(),
@@ -114,8 +112,7 @@ pub(crate) fn replay(
         let slot = ((event.at - start) / bin.max(1)) as usize;
         for (i, status) in decision.statuses.iter().enumerate() {
             for (applied, over, remaining, _) in status.limits() {
-                let key = Arc::as_ptr(&applied.policy) as *const u8 as usize;
-                let Some(&t) = by_policy.get(&key) else {
+                let Some(t) = applied.rule.and_then(|i| by_rule.get(i).copied().flatten()) else {
                     continue;
                 };
                 let t = &mut tracking[t];
