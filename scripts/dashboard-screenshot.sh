@@ -27,7 +27,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-source bench/lib.sh
+source loadtest/lib.sh
 
 rport=16390 gport=18091 aport=16091 pport=19091
 mkdir -p "$work/rules" "$work/prometheus"
@@ -44,7 +44,7 @@ descriptors:
     rate_limit: {name: search-per-user, unit: second, requests_per_unit: 20}
     shadow_mode: true
 YAML
-cp bench/rules-rlqs.yaml "$work/rules/rlqs.yaml"
+cp loadtest/rules-rlqs.yaml "$work/rules/rlqs.yaml"
 # Candidate rules: a stricter per-user limit for the shop, watched live.
 mkdir -p "$work/candidate"
 cat > "$work/candidate/shop.yaml" <<'YAML'

@@ -1,4 +1,4 @@
-//! The ceiling for `bench/ceiling.sh`: a gRPC server on Tollgate's own
+//! The ceiling for `loadtest/ceiling.sh`: a gRPC server on Tollgate's own
 //! HTTP/2 stack (hyper, one current-thread runtime per worker on an
 //! `SO_REUSEPORT` listener, the same HTTP/2 settings) that reads each
 //! request and answers `ShouldRateLimit` with OK, deciding nothing. What

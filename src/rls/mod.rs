@@ -19,10 +19,10 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
 use crate::rules::Unit;
 
-mod server;
+mod unary;
 mod wire;
 
-pub use server::UnaryBody;
+pub use unary::UnaryBody;
 
 /// The gRPC service around a [`Limiter`].
 #[derive(Debug, Clone)]
@@ -54,9 +54,9 @@ impl RlsService {
 
     /// The HTTP/2 service for this, refusing requests above the limiter's
     /// request size bound.
-    pub(crate) fn into_server(self) -> server::RlsServer {
+    pub(crate) fn into_server(self) -> unary::RlsServer {
         let max_request_bytes = self.limiter.options().bounds.request_bytes;
-        server::RlsServer::new(self, max_request_bytes)
+        unary::RlsServer::new(self, max_request_bytes)
     }
 }
 

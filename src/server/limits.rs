@@ -37,7 +37,7 @@ pub(crate) struct ConnectionLimits {
     pub admin_timeout: Duration,
     /// The admin connections and since when each is idle, across all admin
     /// listeners (they share `admin_connections`, so eviction does too).
-    pub admin_idle: Arc<super::admin::Idle>,
+    pub admin_idle: Arc<super::admin_listener::Idle>,
     /// Open connections, for `/metrics` (the limiter's).
     pub open: Arc<crate::metrics::Connections>,
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod admin;
+mod admin_listener;
 mod grpc;
 #[cfg(feature = "test-util")]
 mod in_process;
@@ -305,7 +305,7 @@ fn parts(
                 health.clone(),
                 admin_access.clone(),
             );
-            tasks.push(tokio::spawn(admin::serve(
+            tasks.push(tokio::spawn(admin_listener::serve(
                 listener,
                 router,
                 limits.clone(),
@@ -348,7 +348,7 @@ fn parts(
                 reference.path,
                 reference.mapper,
             );
-            tasks.push(tokio::spawn(admin::serve(
+            tasks.push(tokio::spawn(admin_listener::serve(
                 listener,
                 router,
                 limits.clone(),

@@ -300,7 +300,7 @@ pub struct ServeArgs {
     pub redis_tls_key: Option<PathBuf>,
 
     /// Longest a request waits for Redis, from when it asks. Sized to what
-    /// Redis takes at saturation on a busy node (bench/redis-saturation.sh:
+    /// Redis takes at saturation on a busy node (loadtest/redis-saturation.sh:
     /// 10ms fails open under load alone); give Envoy's filter a longer one.
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
     pub redis_timeout: Duration,

@@ -6,9 +6,9 @@
 # node. For each --redis-timeout in TIMEOUTS (the first, "default", passes
 # none), prints the hits admitted (must be exactly LIMIT), the answers from
 # the failure mode, the store timeouts and whether the circuit opened.
-#   bench/redis-saturation.sh
-#   TIMEOUTS="default 10ms" DURATION=6 LIMIT=5000 bench/redis-saturation.sh
-#   EXTRA="--redis-probe-timeout 10ms" TIMEOUTS=10ms bench/redis-saturation.sh
+#   loadtest/redis-saturation.sh
+#   TIMEOUTS="default 10ms" DURATION=6 LIMIT=5000 loadtest/redis-saturation.sh
+#   EXTRA="--redis-probe-timeout 10ms" TIMEOUTS=10ms loadtest/redis-saturation.sh
 #     (EXTRA: more serve flags for every run; this one probes as before
 #     --redis-probe-timeout existed)
 # Needs h2load (nghttp2-client) and redis-server; installs them when missing.
@@ -26,7 +26,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 cat >"$work/rules.yaml" <<EOF
 domain: api
 descriptors:

@@ -6,8 +6,8 @@
 #     distinct keys (100,000 users) (wrk).
 # Servers (Tollgate, Envoy, Redis) share core 0; the load generator runs on core 1.
 # Every run is bounded: DURATION seconds (default 8) plus a 2 s warm-up.
-#   bench/harness.sh                # everything
-#   DURATION=3 bench/harness.sh     # shorter runs
+#   loadtest/harness.sh                # everything
+#   DURATION=3 loadtest/harness.sh     # shorter runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -24,12 +24,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-source bench/lib.sh
+source loadtest/lib.sh
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "versions: $(target/release/tollgate --version), Envoy $("$ENVOY" --version | grep -o '1\.[0-9]*\.[0-9]*' | head -1), $(redis-server --version | cut -d' ' -f3)"
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
-mkdir -p "$work/rules"; cp bench/rules.yaml bench/rules-grpc.yaml "$work/rules/"
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+mkdir -p "$work/rules"; cp loadtest/rules.yaml loadtest/rules-grpc.yaml "$work/rules/"
 
 rport=$(free_port)
 taskset -c 0 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
@@ -61,10 +61,10 @@ for store in memory redis; do
     run taskset -c 1 target/release/tollgate-load --addr "127.0.0.1:$gport" --connections 16 --streams 4 \
         --duration "$D" --warmup 2 --keys 100000
     echo "-- HTTP through Envoy, route without a rate limit call"
-    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_report.lua "http://127.0.0.1:$listen/healthz" | grep -E "Requests/sec|latency us|Non-2xx"
+    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_report.lua "http://127.0.0.1:$listen/healthz" | grep -E "Requests/sec|latency us|Non-2xx"
     echo "-- HTTP through Envoy with the rate limit filter, one hot key (anonymous, one address)"
-    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_report.lua "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"
+    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_report.lua "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"
     echo "-- HTTP through Envoy with the rate limit filter, 100,000 users in 1,000 orgs (two descriptors each)"
-    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_users.lua "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"
+    run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_users.lua "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"
     kill "$envoy" "$tollgate"; wait "$envoy" "$tollgate" 2>/dev/null || true
 done

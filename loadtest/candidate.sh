@@ -2,7 +2,7 @@
 # What --candidate-rules costs: `tollgate serve` (memory store, pinned to core
 # 0) with and without a candidate rule set (the same rules again, so every
 # request is decided twice), load on core 1, alternating twice:
-#   bench/candidate.sh
+#   loadtest/candidate.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -11,14 +11,14 @@ cargo build --release --quiet --bins
 work=$(mktemp -d)
 server=
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 port=18082
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for round in 1 2; do
     for mode in without with; do
         extra=()
-        [ "$mode" = with ] && extra=(--candidate-rules bench/rules-grpc.yaml)
-        taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \
+        [ "$mode" = with ] && extra=(--candidate-rules loadtest/rules-grpc.yaml)
+        taskset -c 0 target/release/tollgate serve --rules loadtest/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \
             --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 "${extra[@]}" >/dev/null &
         server=$!
         sleep 1

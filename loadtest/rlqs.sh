@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quota service (RLQS) under load, in the layout of bench/harness.sh
+# The quota service (RLQS) under load, in the layout of loadtest/harness.sh
 # (servers on core 0, load on core 1; DURATION seconds per run, 2 s warm-up):
 #   1. usage reports per second: tollgate-rlqs-load keeps 64 streams busy,
 #      each sending its next report (10 buckets over 1,000 keys) as soon as
@@ -10,8 +10,8 @@
 #      (envoy/rlqs.yaml); the ratelimit filter calling ShouldRateLimit per
 #      request (envoy/gateway.yaml, memory store). Limits are high enough that
 #      every request is admitted.
-#   bench/rlqs.sh
-#   DURATION=3 bench/rlqs.sh
+#   loadtest/rlqs.sh
+#   DURATION=3 loadtest/rlqs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -27,7 +27,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-source bench/lib.sh
+source loadtest/lib.sh
 tollgate() { # PORT STORE-ARGS...
     local port=$1; shift
     taskset -c 0 target/release/tollgate serve --rules "$work/rules" --grpc-addr "127.0.0.1:$port" \
@@ -37,7 +37,7 @@ tollgate() { # PORT STORE-ARGS...
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "versions: $(target/release/tollgate --version), Envoy $("$ENVOY" --version | grep -o '1\.[0-9]*\.[0-9]*' | head -1), $(redis-server --version | cut -d' ' -f3)"
-mkdir -p "$work/rules"; cp bench/rules.yaml bench/rules-rlqs.yaml "$work/rules/"
+mkdir -p "$work/rules"; cp loadtest/rules.yaml loadtest/rules-rlqs.yaml "$work/rules/"
 
 rport=$(free_port)
 taskset -c 0 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
@@ -66,9 +66,9 @@ sed -e "s/port_value: 10000 /port_value: $glisten /" -e "s/port_value: 10001 /po
 taskset -c 0 "$ENVOY" -c "$work/gateway.yaml" --concurrency 1 --disable-hot-restart --log-level error >/dev/null 2>&1 &
 envoy=$!; pids+=("$envoy"); wait_port "$glisten"
 echo "-- no rate limit filter (envoy/gateway.yaml, /healthz)"
-run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_report.lua "http://127.0.0.1:$glisten/healthz" | grep -E "Requests/sec|latency us|Non-2xx"
+run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_report.lua "http://127.0.0.1:$glisten/healthz" | grep -E "Requests/sec|latency us|Non-2xx"
 echo "-- ratelimit filter, ShouldRateLimit per request (envoy/gateway.yaml, /items)"
-run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_report.lua "http://127.0.0.1:$glisten/items" | grep -E "Requests/sec|latency us|Non-2xx"
+run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_report.lua "http://127.0.0.1:$glisten/items" | grep -E "Requests/sec|latency us|Non-2xx"
 kill "$envoy"; wait "$envoy" 2>/dev/null || true
 listen=$(free_port); upstream=$(free_port); admin=$(free_port)
 sed -e "s/port_value: 10400 /port_value: $listen /" -e "s/port_value: 10401 /port_value: $upstream /" \
@@ -77,4 +77,4 @@ sed -e "s/port_value: 10400 /port_value: $listen /" -e "s/port_value: 10401 /por
 taskset -c 0 "$ENVOY" -c "$work/rlqs.yaml" --concurrency 1 --disable-hot-restart --log-level error >/dev/null 2>&1 &
 pids+=($!); wait_port "$listen"
 echo "-- rate_limit_quota filter, Tollgate as RLQS (envoy/rlqs.yaml)"
-run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s bench/wrk_report.lua -H "x-api-key: load" "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"
+run taskset -c 1 wrk -t 1 -c 32 -d "${D}s" -s loadtest/wrk_report.lua -H "x-api-key: load" "http://127.0.0.1:$listen/items" | grep -E "Requests/sec|latency us|Non-2xx"

@@ -5,7 +5,7 @@ sent the way Tollgate sends them (each key once in KEYS, the numbers as one
 MessagePack argument; see src/store/redis/batch.lua). Python's standard
 library only: a plain RESP client, one call at a time.
 
-usage: python3 bench/redis_script.py PORT [CALLS]
+usage: python3 loadtest/redis_script.py PORT [CALLS]
 """
 import socket
 import struct

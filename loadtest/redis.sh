@@ -2,7 +2,7 @@
 # Redis-backed decisions through gRPC at 1, 16 and 64 concurrent streams,
 # next to redis-benchmark's EVALSHA figure for the same script, in one run.
 # Server and Redis share core 0; the load generator runs on core 1.
-#   bench/redis.sh
+#   loadtest/redis.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -15,7 +15,7 @@ cleanup() { kill "$server" "$redis" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 rport=16399
 gport=18091
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(redis-server --version | cut -d' ' -f1-3)"
 
 taskset -c 0 redis-server --port $rport --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
@@ -41,7 +41,7 @@ cmd=(taskset -c 1 redis-benchmark -p $rport -n 300000 -c 64 -q EVALSHA "$sha" 2
 echo "redis-benchmark: ${cmd[*]}"
 "${cmd[@]}" | tr '\r' '\n' | grep -E "requests per second" | tail -1
 
-taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr 127.0.0.1:$gport \
+taskset -c 0 target/release/tollgate serve --rules loadtest/rules-grpc.yaml --grpc-addr 127.0.0.1:$gport \
     --workers 1 --store redis --redis-url redis://127.0.0.1:$rport --redis-timeout 50ms --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 >/dev/null &
 server=$!
 sleep 1

@@ -6,8 +6,8 @@
 # h2load on core 1, one hot key, 64 streams, every request carrying a
 # sampled `traceparent` (the worst case: every call a span). Runs
 # ROUNDS rounds, alternating, and prints decisions/s and µs per request.
-#   bench/tracing.sh
-#   DURATION=5 ROUNDS=2 bench/tracing.sh
+#   loadtest/tracing.sh
+#   DURATION=5 ROUNDS=2 loadtest/tracing.sh
 # Needs h2load (nghttp2-client); installs it when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,13 +21,13 @@ work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 port=18381
 run() {
     local label=$1; shift
     port=$((port + 1))
-    taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr "127.0.0.1:$port" \
+    taskset -c 0 target/release/tollgate serve --rules loadtest/rules-grpc.yaml --grpc-addr "127.0.0.1:$port" \
         --workers 1 --log-level error --watch-rules off --admin-addr 127.0.0.1:0 "$@" >/dev/null &
     pids+=($!)
     sleep 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gRPC throughput of `tollgate serve` on the memory store, measured as in the
 # issues: server pinned to core 0, load on core 1.
-#   bench/grpc.sh            # one hot key with h2load, then 100,000 keys with tollgate-load
+#   loadtest/grpc.sh            # one hot key with h2load, then 100,000 keys with tollgate-load
 # Needs h2load (Debian: nghttp2-client); installs it when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,10 +11,10 @@ command -v h2load >/dev/null || apt_install nghttp2-client
 cargo build --release --quiet --bins
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 port=18081
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-taskset -c 0 target/release/tollgate serve --rules bench/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \
+taskset -c 0 target/release/tollgate serve --rules loadtest/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \
     --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 >/dev/null &
 server=$!
 sleep 1

@@ -6,12 +6,12 @@
 #     answering OK without deciding anything;
 #   - Tollgate on the memory store;
 #   - Tollgate on Redis (standalone, on core 0 too), exact (every decision
-#     in Redis) and, for the hot key, leased (bench/rules-grpc-leased.yaml).
+#     in Redis) and, for the hot key, leased (loadtest/rules-grpc-leased.yaml).
 # Each runs one hot key (h2load, one body) and 100,000 distinct keys
 # (tollgate-load), then the ratios are printed. Last, the scaling from 1 to
 # 2 workers, unpinned (load generator included), for memory and Redis.
-#   bench/ceiling.sh                # about 3 minutes
-#   DURATION=4 bench/ceiling.sh     # shorter runs
+#   loadtest/ceiling.sh                # about 3 minutes
+#   DURATION=4 loadtest/ceiling.sh     # shorter runs
 # Needs h2load (nghttp2-client) and redis-server; installs them when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-python3 bench/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
 rport=16499
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(redis-server --version | cut -d' ' -f1-3)"
 taskset -c 0 redis-server --port $rport --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
@@ -50,8 +50,8 @@ distinct() {
 # start PIN WORKERS PORT ARGS...: a server in the background.
 start() {
     local pin=$1 workers=$2 port=$3; shift 3
-    local rules=bench/rules-grpc.yaml
-    if [ "${1:-}" = leased ]; then rules=bench/rules-grpc-leased.yaml; shift; fi
+    local rules=loadtest/rules-grpc.yaml
+    if [ "${1:-}" = leased ]; then rules=loadtest/rules-grpc-leased.yaml; shift; fi
     if [ "${1:-}" = ceiling ]; then
         taskset -c "$pin" target/release/tollgate-ceiling --addr "127.0.0.1:$port" --workers "$workers" >/dev/null &
     else
