@@ -22,7 +22,12 @@ use parking_lot::RwLock;
 
 pub(crate) mod candidate;
 pub(crate) mod exposition;
+mod histogram;
+mod labels;
 pub(crate) mod rlqs;
+
+pub(crate) use histogram::{Histogram, Samples};
+pub(crate) use labels::{label_value, labels, metric_labels, push_label, truncated};
 
 use candidate::CandidateMetrics;
 use exposition::{Exposition, Kind};
@@ -45,102 +50,6 @@ pub struct LimitStats {
 
 /// Selects one counter of a [`LimitStats`].
 type Field = fn(&LimitStats) -> &AtomicU64;
-
-/// Latency buckets in seconds.
-const BUCKETS: [f64; 12] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
-];
-
-/// A Prometheus histogram.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos
-            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
-    }
-
-    fn write(&self, out: &mut String, name: &str, help: &str) {
-        Exposition::new(out).family(name, help, Kind::Histogram);
-        self.write_series(out, name, "");
-    }
-
-    /// The histogram's lines (no HELP or TYPE) with `labels`
-    /// (`a="x",b="y"`, or empty) on each.
-    pub fn write_series(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let bucket_name = format!("{name}_bucket");
-        let mut e = Exposition::new(out);
-        let mut cumulative = 0;
-        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            e.sample(
-                &bucket_name,
-                &format!("{labels}{sep}le=\"{bound}\""),
-                cumulative,
-            );
-        }
-        let count = self.count();
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        e.sample(&bucket_name, &format!("{labels}{sep}le=\"+Inf\""), count)
-            .sample(&format!("{name}_sum"), labels, sum)
-            .sample(&format!("{name}_count"), labels, count);
-    }
-
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-}
-
-/// The most timer samples kept between two statsd flushes.
-const MAX_SAMPLES: usize = 1000;
-
-/// Individual observations kept for statsd timers (statsd wants samples, not
-/// buckets): at most [`MAX_SAMPLES`] between two takes, the rest counted so
-/// the sample rate can be reported. Off (one relaxed load per observation)
-/// unless statsd output is on.
-#[derive(Debug, Default)]
-pub struct Samples {
-    enabled: std::sync::atomic::AtomicBool,
-    kept: parking_lot::Mutex<Vec<f64>>,
-    seen: AtomicU64,
-}
-
-impl Samples {
-    /// Starts keeping samples.
-    pub fn enable(&self) {
-        self.enabled.store(true, Ordering::Relaxed);
-    }
-
-    /// Records one observation, in seconds, if enabled.
-    pub fn record(&self, seconds: f64) {
-        if !self.enabled.load(Ordering::Relaxed) {
-            return;
-        }
-        self.seen.fetch_add(1, Ordering::Relaxed);
-        let mut kept = self.kept.lock();
-        if kept.len() < MAX_SAMPLES {
-            kept.push(seconds);
-        }
-    }
-
-    /// The samples kept since the last take, and how many were observed.
-    pub fn take(&self) -> (Vec<f64>, u64) {
-        let kept = std::mem::take(&mut *self.kept.lock());
-        (kept, self.seen.swap(0, Ordering::Relaxed))
-    }
-}
 
 /// Descriptors answered from each failure mode.
 #[derive(Debug, Default)]
@@ -501,60 +410,4 @@ fn write_redis_events(e: &mut Exposition<'_>, redis: &crate::store::redis::Redis
         "Cancellations still being sent.",
         redis.cancels_pending,
     );
-}
-
-/// `value` cut to at most `max` bytes, on a character boundary.
-pub(crate) fn truncated(value: &str, max: usize) -> &str {
-    if value.len() <= max {
-        return value;
-    }
-    let mut end = max;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    &value[..end]
-}
-
-/// A label set, `a="x",b="y"`, its values escaped.
-pub(crate) fn labels<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut out = String::new();
-    for (name, value) in pairs {
-        push_label(&mut out, name, value);
-    }
-    if !out.is_empty() {
-        out.remove(0);
-    }
-    out
-}
-
-/// Appends `,name="value"` to a label set.
-pub(crate) fn push_label(out: &mut String, name: &str, value: &str) {
-    out.push(',');
-    out.push_str(name);
-    out.push_str("=\"");
-    label_value(out, value);
-    out.push('"');
-}
-
-/// Escapes a Prometheus label value.
-pub(crate) fn label_value(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
-/// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
-pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
-    let mut labels = String::from("domain=\"");
-    label_value(&mut labels, domain);
-    labels.push('"');
-    for (i, key) in keys.enumerate() {
-        push_label(&mut labels, &format!("key{}", i + 1), key);
-    }
-    labels
 }

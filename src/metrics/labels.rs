@@ -1,0 +1,57 @@
+//! Label sets: escaped, bounded, and the reference's `domain`/`keyN` shape.
+
+/// `value` cut to at most `max` bytes, on a character boundary.
+pub(crate) fn truncated(value: &str, max: usize) -> &str {
+    if value.len() <= max {
+        return value;
+    }
+    let mut end = max;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
+/// A label set, `a="x",b="y"`, its values escaped.
+pub(crate) fn labels<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut out = String::new();
+    for (name, value) in pairs {
+        push_label(&mut out, name, value);
+    }
+    if !out.is_empty() {
+        out.remove(0);
+    }
+    out
+}
+
+/// Appends `,name="value"` to a label set.
+pub(crate) fn push_label(out: &mut String, name: &str, value: &str) {
+    out.push(',');
+    out.push_str(name);
+    out.push_str("=\"");
+    label_value(out, value);
+    out.push('"');
+}
+
+/// Escapes a Prometheus label value.
+pub(crate) fn label_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
+pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
+    let mut labels = String::from("domain=\"");
+    label_value(&mut labels, domain);
+    labels.push('"');
+    for (i, key) in keys.enumerate() {
+        push_label(&mut labels, &format!("key{}", i + 1), key);
+    }
+    labels
+}
