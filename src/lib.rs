@@ -30,7 +30,9 @@
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic; `report`:
 //!   what both produce, and its summary, series and HTML report.
-//! - `settings` and `server`: the command line and the process around it.
+//! - `settings` and `server`: the command line and the process around it
+//!   (with the `test-util` feature, also inside a test, on its runtime and
+//!   clock: `test_util::InProcess`).
 //!
 //! Five modules are public (`algorithm`, `clock`, `limiter`, `rules`,
 //! `store`); the rest are the crate's own, reached through the re-exports
