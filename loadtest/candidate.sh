@@ -7,11 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 command -v h2load >/dev/null || apt_install nghttp2-client
-cargo build --release --quiet --bins
-work=$(mktemp -d)
+source loadtest/lib.sh
 server=
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+setup
+hot_key_body
 port=18082
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for round in 1 2; do
@@ -27,7 +26,7 @@ for round in 1 2; do
             "http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
             | grep -E "^finished in" | sed 's/.*, \([0-9.]*\) req\/s.*/\1/')
         keys=$(timeout 30 taskset -c 1 target/release/tollgate-load --addr 127.0.0.1:$port --connections 16 \
-            --streams 4 --duration 8 --warmup 2 --keys 100000 | head -1)
+            --streams 4 --duration 8 --warmup 2 --keys 100000 | sed -n 1p)
         echo "round $round, $mode candidate rules: hot key $hot req/s; 100,000 keys: $keys"
         kill $server; wait $server 2>/dev/null || true
     done

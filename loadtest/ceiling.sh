@@ -20,12 +20,9 @@ command -v h2load >/dev/null || apt_install nghttp2-client
 command -v redis-server >/dev/null || apt_install redis-server redis-tools
 
 duration=${DURATION:-8}
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+source loadtest/lib.sh
+setup
+hot_key_body
 rport=16499
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(redis-server --version | cut -d' ' -f1-3)"
 taskset -c 0 redis-server --port $rport --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &

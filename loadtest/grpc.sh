@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 command -v h2load >/dev/null || apt_install nghttp2-client
 
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+source loadtest/lib.sh
+server=
+setup
+hot_key_body
 port=18081
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 taskset -c 0 target/release/tollgate serve --rules loadtest/rules-grpc.yaml --grpc-addr 127.0.0.1:$port \

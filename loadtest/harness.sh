@@ -18,17 +18,12 @@ ensure_envoy
 ENVOY=$(envoy_bin)
 D=${DURATION:-8}
 
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
-
 source loadtest/lib.sh
+setup
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "versions: $(target/release/tollgate --version), Envoy $("$ENVOY" --version | grep -o '1\.[0-9]*\.[0-9]*' | head -1), $(redis-server --version | cut -d' ' -f3)"
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+hot_key_body
 mkdir -p "$work/rules"; cp loadtest/rules.yaml loadtest/rules-grpc.yaml "$work/rules/"
 
 rport=$(free_port)

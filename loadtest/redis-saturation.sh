@@ -21,12 +21,9 @@ command -v redis-server >/dev/null || apt_install redis-server redis-tools
 duration=${DURATION:-6}
 limit=${LIMIT:-5000}
 timeouts=${TIMEOUTS:-default 10ms}
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+source loadtest/lib.sh
+setup
+hot_key_body
 cat >"$work/rules.yaml" <<EOF
 domain: api
 descriptors:

@@ -21,13 +21,8 @@ ensure_envoy
 ENVOY=$(envoy_bin)
 D=${DURATION:-8}
 
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
-
 source loadtest/lib.sh
+setup
 tollgate() { # PORT STORE-ARGS...
     local port=$1; shift
     taskset -c 0 target/release/tollgate serve --rules "$work/rules" --grpc-addr "127.0.0.1:$port" \

@@ -16,12 +16,9 @@ command -v h2load >/dev/null || apt_install nghttp2-client
 
 duration=${DURATION:-8}
 rounds=${ROUNDS:-3}
-cargo build --release --quiet --bins
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-python3 loadtest/grpc_body.py "$work/body.bin" api remote_address=10.0.0.1
+source loadtest/lib.sh
+setup
+hot_key_body
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 port=18381
 run() {
