@@ -101,8 +101,8 @@ pub(crate) struct Idle {
     busy: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
+/// One admin connection.
 #[derive(Debug)]
-
 struct Connection {
     /// Since when no request has been in progress; `None` while one is.
     idle_since: Option<Instant>,
