@@ -330,7 +330,9 @@ async fn closed_in_time(stream: &mut tokio::net::TcpStream, within: Duration) ->
 }
 
 /// Waits (on Tokio's clock, a millisecond at a time) until `series` in the
-/// in-process server's metrics is `value`.
+/// in-process server's metrics is `value`. Not `common::eventually`: its
+/// 20 ms steps would move the paused clock between connections whose
+/// timeouts the tests compare to 10 ms (and its deadline is the wall's).
 async fn gauge_reaches(server: &InProcess, series: &str, value: u64) {
     let waited = tokio::time::timeout(Duration::from_secs(5), async {
         while server.metric(series) != Some(value) {

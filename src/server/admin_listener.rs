@@ -36,7 +36,6 @@ pub(super) async fn serve(
         .max_buf_size(64 * 1024);
     let mut connections = JoinSet::new();
     let idle = limits.admin_idle.clone();
-    idle.count_busy_on(&limits.open.admin_busy);
     let evict = {
         let idle = idle.clone();
         move || idle.evict_oldest()
@@ -92,13 +91,13 @@ pub(super) async fn serve(
     connections.abort_all();
 }
 
-/// The admin connections and since when each has been idle.
-#[derive(Debug, Default)]
+/// The admin connections and since when each has been idle, with the
+/// gauge of the busy ones.
+#[derive(Debug)]
 pub(crate) struct Idle {
     next: AtomicU64,
     connections: parking_lot::Mutex<HashMap<u64, Connection>>,
-    /// The gauge of busy connections.
-    busy: std::sync::OnceLock<Arc<AtomicU64>>,
+    busy: Arc<AtomicU64>,
 }
 
 /// One admin connection.
@@ -110,19 +109,20 @@ struct Connection {
 }
 
 impl Idle {
-    /// Counts busy connections on `gauge` (the first listener's call sets
-    /// it; all share one gauge).
-    fn count_busy_on(&self, gauge: &Arc<AtomicU64>) {
-        let _ = self.busy.set(gauge.clone());
+    /// No connections yet; busy ones are counted on `busy`.
+    pub(super) fn new(busy: Arc<AtomicU64>) -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            connections: parking_lot::Mutex::default(),
+            busy,
+        }
     }
 
     fn busy_changed(&self, busy: bool) {
-        if let Some(gauge) = self.busy.get() {
-            if busy {
-                gauge.fetch_add(1, Ordering::Relaxed);
-            } else {
-                gauge.fetch_sub(1, Ordering::Relaxed);
-            }
+        if busy {
+            self.busy.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.busy.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -56,19 +56,16 @@ impl InProcess {
             return Err("in process, only the memory store (see the module's comment)".into());
         }
         let (serve, _otel) = super::start::prepare(&serve_args)?;
-        let address = |listeners: &[std::net::TcpListener]| {
+        let addresses = |listeners: &[std::net::TcpListener]| -> Vec<SocketAddr> {
             listeners
-                .first()
-                .and_then(|l| l.local_addr().ok())
-                .ok_or_else(|| "no listener".to_owned())
+                .iter()
+                .filter_map(|l| l.local_addr().ok())
+                .collect()
         };
-        let grpc = address(&serve.grpc)?;
-        let admin = address(&serve.admin)?;
-        let admins = serve
-            .admin
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect();
+        let admins = addresses(&serve.admin);
+        let (Some(&grpc), Some(&admin)) = (addresses(&serve.grpc).first(), admins.first()) else {
+            return Err("no gRPC or no admin listener".into());
+        };
         let limiter = serve.limiter.clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(super::run_here(serve, async move {

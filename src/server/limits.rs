@@ -42,8 +42,19 @@ pub(crate) struct ConnectionLimits {
     pub open: Arc<crate::metrics::Connections>,
 }
 
+impl ConnectionLimits {
+    /// The idle set of admin connections, counting its busy ones on
+    /// `open`'s gauge.
+    pub(super) fn admin_idle(
+        open: &crate::metrics::Connections,
+    ) -> Arc<super::admin_listener::Idle> {
+        Arc::new(super::admin_listener::Idle::new(open.admin_busy.clone()))
+    }
+}
+
 impl Default for ConnectionLimits {
     fn default() -> Self {
+        let open = Arc::new(crate::metrics::Connections::default());
         Self {
             grpc_connections: Arc::new(Semaphore::new(10_000)),
             handshake_timeout: Duration::from_secs(5),
@@ -54,8 +65,8 @@ impl Default for ConnectionLimits {
             window_bytes: 128 * 1024,
             admin_connections: Arc::new(Semaphore::new(64)),
             admin_timeout: Duration::from_secs(30),
-            admin_idle: Arc::default(),
-            open: Arc::default(),
+            admin_idle: Self::admin_idle(&open),
+            open,
         }
     }
 }

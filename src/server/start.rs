@@ -224,7 +224,7 @@ pub(crate) fn prepare(
             window_bytes: args.max_request_bytes,
             admin_connections: Arc::new(tokio::sync::Semaphore::new(args.max_admin_connections)),
             admin_timeout: args.admin_timeout,
-            admin_idle: Arc::default(),
+            admin_idle: super::ConnectionLimits::admin_idle(&limiter_connections),
             open: limiter_connections,
         },
         tls,
