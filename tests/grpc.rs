@@ -236,23 +236,41 @@ async fn health_reports_serving_and_sigterm_exits_cleanly() {
         .await
         .expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("health")
-        .into_inner();
+    let mut status_of = async |service: &str| {
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_string(),
+            })
+            .await
+            .expect("health")
+            .into_inner()
+            .status
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    assert_eq!(status_of("").await, ServingStatus::Serving as i32);
     assert_eq!(
-        status.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        status_of(tollgate::LIVENESS_SERVICE).await,
+        ServingStatus::Serving as i32
     );
-    drop(health);
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &server.pid().to_string()])
         .status()
         .expect("kill");
     assert!(killed.success());
+    // Draining: not ready, still alive (a liveness probe must not restart it).
+    let draining = std::time::Instant::now();
+    while status_of("").await != ServingStatus::NotServing as i32 {
+        assert!(
+            draining.elapsed() < std::time::Duration::from_secs(1),
+            "unready on SIGTERM"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        status_of(tollgate::LIVENESS_SERVICE).await,
+        ServingStatus::Serving as i32
+    );
+    drop(health);
     let started = std::time::Instant::now();
     let exit = server.child.wait().expect("wait");
     assert!(exit.success(), "graceful exit: {exit:?}");

@@ -129,7 +129,11 @@ fn istio_like_gateway(
 }
 
 fn status(addr: SocketAddr, headers: &[(&str, &str)]) -> u16 {
-    http(addr, "GET", "/items", headers)
+    status_of(addr, "/items", headers)
+}
+
+fn status_of(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
+    http(addr, "GET", path, headers)
         .expect("gateway answers")
         .status
 }
@@ -162,8 +166,10 @@ fn the_istio_cluster_name_without_an_authority_is_limited() {
     assert_eq!(envoy.stat("cluster.upstream.ratelimit.over_limit"), 2);
 }
 
-#[test]
-fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
+/// Tollgate on the rules exactly as the ConfigMap ships them, behind an
+/// Envoy with the filter and the route actions exactly as the EnvoyFilters
+/// ship them.
+fn shipped_gateway() -> (Value, tempfile::TempDir, Tollgate, Envoy, SocketAddr) {
     // The rules exactly as the ConfigMap ships them.
     let configmap = documents("base/rules.yaml")
         .into_iter()
@@ -191,6 +197,12 @@ fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
     let (envoy, addr) =
         istio_like_gateway(filter.clone(), host["rate_limits"].clone(), tollgate.addr);
 
+    (configmap, rules_dir, tollgate, envoy, addr)
+}
+
+#[test]
+fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
+    let (configmap, _rules, _tollgate, envoy, addr) = shipped_gateway();
     // The ConfigMap's anonymous limit: 240 a minute per client address.
     let anonymous = configmap["data"]["gateway.yaml"]
         .as_str()
@@ -212,4 +224,48 @@ fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
         envoy.stat("cluster.upstream.ratelimit.over_limit"),
         refused as u64
     );
+}
+
+/// Every limit of the shipped ConfigMap is reached by some request through
+/// the shipped EnvoyFilters: none is a limit that never fires.
+#[test]
+fn the_shipped_envoyfilter_produces_every_descriptor_the_configmap_limits() {
+    let (_configmap, rules, tollgate, envoy, addr) = shipped_gateway();
+    // /login: ten a minute per client address, then refused (the anonymous
+    // limit, 240, is far away).
+    let logins: Vec<u16> = (0..11).map(|_| status_of(addr, "/login", &[])).collect();
+    assert_eq!(logins[..10], [200; 10], "{logins:?}");
+    assert_eq!(logins[10], 429, "{logins:?}");
+    assert_eq!(status(addr, &[("x-user-id", "ann")]), 200);
+    assert_eq!(status(addr, &[("x-org-id", "acme")]), 200);
+    assert_eq!(envoy.stat("cluster.upstream.ratelimit.error"), 0);
+
+    // The ConfigMap's limits, as `tollgate check` lists them
+    // (`gateway.path_/login.remote_address: ...`), each counted.
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check")
+        .arg(rules.path())
+        .output()
+        .expect("check");
+    let listed = String::from_utf8_lossy(&check.stdout).into_owned();
+    let mut limits = 0;
+    for line in listed.lines().filter(|l| l.contains(" per ")) {
+        let path = line.split(':').next().expect("a rule path");
+        let (domain, keys) = path.split_once('.').expect("domain.keys");
+        let labels: Vec<String> = keys
+            .split('.')
+            .enumerate()
+            .map(|(i, k)| format!("key{}=\"{k}\"", i + 1))
+            .collect();
+        let metric = format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"{domain}\",{}}}",
+            labels.join(",")
+        );
+        assert!(
+            tollgate.metric(&metric) > 0,
+            "{path} was never asked for: {metric}"
+        );
+        limits += 1;
+    }
+    assert!(limits >= 4, "the ConfigMap's limits: {listed}");
 }

@@ -98,6 +98,12 @@ fn assert_hardened(deployment: &serde_json::Value, what: &str) {
         }
         assert!(c["readinessProbe"].is_object(), "{what}/{name}: readiness");
         assert!(c["livenessProbe"].is_object(), "{what}/{name}: liveness");
+        if name == "tollgate" {
+            // Alive means the gRPC server answers, not that Redis does.
+            let grpc = &c["livenessProbe"]["grpc"];
+            assert_eq!(grpc["port"], 8081, "{what}: a gRPC liveness probe");
+            assert_eq!(grpc["service"], tollgate::LIVENESS_SERVICE, "{what}");
+        }
         let image = c["image"].as_str().expect("image");
         let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
         assert!(
@@ -216,5 +222,110 @@ fn cargo_run_starts_the_server() {
                 .lines()
                 .any(|l| l.trim() == "default-run = \"tollgate\""),
         "Cargo.toml needs default-run = \"tollgate\" for `cargo run -- serve`"
+    );
+}
+
+/// The NetworkPolicy admits gRPC from selected pods (the gateways) and the
+/// admin port from selected ones (monitoring), each port on its own rule:
+/// never a port open to every pod in the cluster.
+#[test]
+fn the_network_policy_admits_each_port_from_selected_peers_only() {
+    for name in ["memory", "redis"] {
+        let docs = overlay(name);
+        let policy = docs
+            .iter()
+            .find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "tollgate")
+            .expect("the tollgate NetworkPolicy");
+        let rules = policy["spec"]["ingress"].as_array().expect("ingress rules");
+        let mut admitted = Vec::new();
+        for rule in rules {
+            let from = rule["from"].as_array().map_or(&[][..], |f| f.as_slice());
+            assert!(
+                !from.is_empty(),
+                "{name}: an ingress rule from anywhere: {rule}"
+            );
+            for peer in from {
+                let selects = |key: &str| {
+                    peer[key]["matchLabels"]
+                        .as_object()
+                        .is_some_and(|m| !m.is_empty())
+                };
+                assert!(
+                    selects("podSelector") || selects("namespaceSelector"),
+                    "{name}: a peer that selects every pod: {peer}"
+                );
+            }
+            let ports: Vec<u64> = rule["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .filter_map(|p| p["port"].as_u64())
+                .collect();
+            assert_eq!(ports.len(), 1, "{name}: one port per rule: {rule}");
+            admitted.extend(ports);
+        }
+        admitted.sort_unstable();
+        assert_eq!(admitted, [6070, 8081], "{name}");
+    }
+}
+
+/// One version everywhere: Cargo.toml (so `--version`), the image's label,
+/// the manifests' image tag and the CHANGELOG's newest release.
+#[test]
+fn the_version_is_the_same_everywhere() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        read("Containerfile").contains(&format!("ARG VERSION={version}\n")),
+        "Containerfile's VERSION"
+    );
+    assert!(
+        read("examples/kubernetes/base/kustomization.yaml")
+            .contains(&format!("newTag: \"{version}\"")),
+        "the manifests' image tag"
+    );
+    let changelog = read("CHANGELOG.md");
+    let newest = changelog
+        .lines()
+        .find(|l| l.starts_with("## [") && !l.starts_with("## [Unreleased]"))
+        .expect("a released version in CHANGELOG.md");
+    assert!(
+        newest.starts_with(&format!("## [{version}] - ")),
+        "the CHANGELOG's newest release is {newest:?}, not {version}"
+    );
+}
+
+/// The rules overlay pattern: the overlay's own rule files replace the
+/// base's in the ConfigMap the Deployment mounts, under the same name (no
+/// hash suffix, so a rules change reloads in place instead of rolling pods).
+#[test]
+fn the_custom_rules_overlay_replaces_the_rules_in_place() {
+    let docs = overlay("custom-rules");
+    let configmap = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("a ConfigMap");
+    assert_eq!(configmap["metadata"]["name"], "tollgate-rules");
+    let files: Vec<&String> = configmap["data"]
+        .as_object()
+        .expect("data")
+        .keys()
+        .collect();
+    assert_eq!(files, ["shop.yaml"], "only the overlay's rules");
+    assert_eq!(rules_pass_check(configmap, "custom-rules"), 1);
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the Deployment");
+    assert_hardened(deployment, "custom-rules");
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes");
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["configMap"]["name"] == "tollgate-rules"),
+        "the Deployment mounts the overlay's rules: {volumes:?}"
     );
 }

@@ -1,5 +1,5 @@
 //! Bounds on what a client can hold: connections, idle time, stalled
-//! handshakes and streams, buffers. Every bound is a flag (see the README's
+//! handshakes and streams, buffers. Every bound is a flag (see docs/security.md's
 //! "Bounds" table); the defaults leave Envoy's own behaviour untouched.
 
 use std::sync::Arc;

@@ -369,10 +369,15 @@ fn parts(
                 tls.reload_if_changed();
             })));
         }
-        // gRPC health says what /healthcheck says.
+        // gRPC health says what /healthcheck says. The liveness service says
+        // only that the gRPC server answers: a store outage or a drain makes
+        // the instance unready, never a restart (the manifests' liveness probe).
         let (health_limiter, health_state, reporter) =
             (limiter.clone(), health.clone(), grpc_health.clone());
         tasks.push(tokio::spawn(async move {
+            reporter
+                .set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving)
+                .await;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
@@ -457,6 +462,10 @@ async fn every(interval: Duration, work: impl Fn() + Send + Sync + 'static) {
         let _ = tokio::task::spawn_blocking(move || work()).await;
     }
 }
+
+/// The gRPC health service name that is SERVING for as long as the process
+/// serves gRPC, whatever the store or a drain: what a liveness probe asks.
+pub const LIVENESS_SERVICE: &str = "liveness";
 
 async fn set_health(
     reporter: &tonic_health::server::HealthReporter,

@@ -132,11 +132,16 @@ impl Drop for Envoy {
 
 /// `envoy --mode validate` on a file of envoy/.
 pub fn validate(config: &str) -> (bool, String) {
+    validate_path(&config_path(config))
+}
+
+/// `envoy --mode validate` on any configuration file.
+pub fn validate_path(config: &Path) -> (bool, String) {
     let out = Command::new(envoy_binary())
         .arg("--mode")
         .arg("validate")
         .arg("-c")
-        .arg(config_path(config))
+        .arg(config)
         .output()
         .expect("run envoy");
     let text = format!(
