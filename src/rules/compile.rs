@@ -37,7 +37,13 @@ pub(super) struct Compiler {
     domains: hashbrown::HashMap<Box<str>, (Arc<PathBuf>, Level)>,
     rules: Vec<Arc<Rule>>,
     errors: Vec<RuleError>,
+    /// Descriptor path (`domain.key_value...`) -> where it was first declared,
+    /// so that a duplicate can name it.
+    declared: hashbrown::HashMap<String, Declared>,
 }
+
+/// Where a descriptor was declared: its file, and its line and column.
+type Declared = (Arc<PathBuf>, Option<(u32, u32)>);
 
 impl Compiler {
     pub(super) fn new(options: LoadOptions) -> Self {
@@ -46,11 +52,12 @@ impl Compiler {
             domains: hashbrown::HashMap::new(),
             rules: Vec::new(),
             errors: Vec::new(),
+            declared: hashbrown::HashMap::new(),
         }
     }
 
     pub(super) fn add_file(&mut self, file: &Path, text: &str) {
-        let raw: RawFile = match parse(text) {
+        let raw: RawFile = match parse(text, self.options.max_rule_nodes) {
             Ok(raw) => raw,
             Err(errors) => {
                 for (pos, message) in errors {
@@ -214,9 +221,22 @@ impl Compiler {
                     duplicate
                 }
             };
+            let first = self
+                .declared
+                .entry(path.clone())
+                .or_insert_with(|| (file.clone(), pos));
             if duplicate {
-                self.errors
-                    .push(err(format!("duplicate descriptor composite key '{path}'")));
+                let (first_file, first_pos) = first;
+                let place = match first_pos {
+                    Some((line, _)) if first_file == file => format!("line {line}"),
+                    Some((line, _)) => format!("{}:{line}", first_file.display()),
+                    None => first_file.display().to_string(),
+                };
+                let message = format!(
+                    "duplicate descriptor composite key '{path}': declared first at {place}; \
+                     give it one entry (a value's limits and children in one place)"
+                );
+                self.errors.push(err(message));
             }
         }
     }

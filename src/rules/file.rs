@@ -136,9 +136,9 @@ impl<'de> Deserialize<'de> for Count {
 /// Parses one file's text. The errors carry the parser's line and column
 /// when it knows them: one per top-level descriptor that has one (see
 /// [`each_descriptors_error`]), so one schema error does not hide the rest.
-pub(crate) fn parse(text: &str) -> Result<RawFile, Vec<ParseError>> {
-    parse_once(text).map_err(|first| {
-        let mut errors = each_descriptors_error(text);
+pub(crate) fn parse(text: &str, max_nodes: usize) -> Result<RawFile, Vec<ParseError>> {
+    parse_once(text, max_nodes).map_err(|first| {
+        let mut errors = each_descriptors_error(text, max_nodes);
         if !errors.contains(&first) {
             errors.insert(0, first);
         }
@@ -167,7 +167,7 @@ struct Outline {
 /// descriptors' lines are blank (so line numbers hold): its first error, if
 /// any. Empty when the descriptors cannot be told apart by line (a flow list
 /// on one line, or a file that does not parse even loosely).
-fn each_descriptors_error(text: &str) -> Vec<ParseError> {
+fn each_descriptors_error(text: &str, max_nodes: usize) -> Vec<ParseError> {
     let Ok(Some(outline)) = serde_saphyr::from_str::<Option<Outline>>(text) else {
         return Vec::new();
     };
@@ -203,15 +203,21 @@ fn each_descriptors_error(text: &str) -> Vec<ParseError> {
             })
             .collect::<Vec<_>>()
             .join("\n");
-        if let Err(error) = parse_once(&alone) {
+        if let Err(error) = parse_once(&alone, max_nodes) {
             errors.push(error);
         }
     }
     errors
 }
 
-fn parse_once(text: &str) -> Result<RawFile, ParseError> {
+fn parse_once(text: &str, max_nodes: usize) -> Result<RawFile, ParseError> {
     let mut options = serde_saphyr::Options::default();
+    // The node budget is ours (--max-rule-nodes): a file of many per-customer
+    // rules is a real use. Events are about two per node.
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = max_nodes;
+    budget.max_events = max_nodes.saturating_mul(3);
+    options.budget = Some(budget);
     // Our own message names the file, line and column; the parser's snippet
     // would repeat them across several lines.
     options.with_snippet = false;
@@ -232,6 +238,93 @@ fn parse_once(text: &str) -> Result<RawFile, ParseError> {
             if let Some(i) = message.rfind(" at line ") {
                 message.truncate(i);
             }
-            (at, message)
+            (at, explain(text, at, message, max_nodes))
         })
+}
+
+/// The parser's message in the words of a rule file's author: what the YAML
+/// library says about its own options becomes what to change in the file.
+fn explain(text: &str, at: Option<(u32, u32)>, message: String, max_nodes: usize) -> String {
+    if message.contains("budget breached") {
+        return format!(
+            "the file has more than {max_nodes} YAML nodes (--max-rule-nodes, about 11 per \
+             descriptor with a limit): raise the bound or split the file"
+        );
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    if let Some(key) = message
+        .strip_prefix("duplicate mapping key: ")
+        .map(|k| k.split(',').next().unwrap_or(k).trim())
+    {
+        let first = at.and_then(|(line, column)| first_key_line(&lines, line, column, key));
+        return match first {
+            Some(first) => format!("`{key}` is given twice in one mapping (first on line {first})"),
+            None => format!("`{key}` is given twice in one mapping"),
+        };
+    }
+    if message.contains("expected sequence")
+        && let Some(key) = at.and_then(|(line, column)| parent_key(&lines, line, column))
+    {
+        let hint = if key == "rate_limits" {
+            "; for a single limit write `rate_limit:` (a mapping)"
+        } else {
+            ""
+        };
+        return format!("`{key}` must be a list (items starting with `- `){hint}");
+    }
+    message
+}
+
+/// The line (1-based) of the first `key:` in the mapping whose repeated key is
+/// at `line`:`column`: searched upwards at that column, up to where the
+/// mapping starts.
+fn first_key_line(lines: &[&str], line: u32, column: u32, key: &str) -> Option<usize> {
+    let column = column.checked_sub(1)? as usize;
+    for n in (0..(line as usize).saturating_sub(1)).rev() {
+        let text = lines.get(n)?;
+        let indent = text.len() - text.trim_start().len();
+        if text.trim().is_empty() || text.trim_start().starts_with('#') {
+            continue;
+        }
+        let at_column = text.get(column..).unwrap_or("");
+        if indent <= column && at_column.starts_with(key) && at_column[key.len()..].starts_with(':')
+        {
+            return Some(n + 1);
+        }
+        // A line left of the mapping's column ends the mapping.
+        if indent < column {
+            return None;
+        }
+    }
+    None
+}
+
+/// The key whose value holds the node at `line`:`column`: the nearest line
+/// above, or the same line before `column`, that ends in `key:` or holds
+/// `key: ` left of the node.
+fn parent_key(lines: &[&str], line: u32, column: u32) -> Option<String> {
+    let key_of = |text: &str| {
+        let t = text.trim_start().trim_start_matches("- ");
+        t.split_once(':').map(|(k, _)| k.trim().to_string())
+    };
+    let index = (line as usize).checked_sub(1)?;
+    let here = lines.get(index)?;
+    let column = (column as usize).saturating_sub(1);
+    let before = here.get(..column).unwrap_or("");
+    if before.trim_end().ends_with(':')
+        || before.contains(": ") && before.trim_start().ends_with('{')
+    {
+        return key_of(before);
+    }
+    for n in (0..index).rev() {
+        let text = lines[n];
+        if text.trim().is_empty() || text.trim_start().starts_with('#') {
+            continue;
+        }
+        let indent = text.len() - text.trim_start().len();
+        if indent < column {
+            return key_of(text);
+        }
+    }
+    None
 }

@@ -23,7 +23,15 @@ pub struct LoadOptions {
     /// Every limit under this algorithm instead of its own (calendar quotas
     /// excepted): what `tollgate simulate --algorithm` compares.
     pub algorithm_override: Option<Algorithm>,
+    /// The most YAML nodes (mappings, lists, scalars) one rule file may hold
+    /// (`--max-rule-nodes`): a bound on the parser's work and memory. About
+    /// 11 per descriptor with a limit.
+    pub max_rule_nodes: usize,
 }
+
+/// `--max-rule-nodes`'s default: about 180,000 descriptors with a limit in
+/// one file.
+pub const DEFAULT_MAX_RULE_NODES: usize = 2_000_000;
 
 impl Default for LoadOptions {
     #[expect(
@@ -36,6 +44,7 @@ impl Default for LoadOptions {
             default_algorithm: Algorithm::SlidingWindow,
             time_zone: Zone::get("UTC").expect("UTC is in the bundled time zone database"),
             algorithm_override: None,
+            max_rule_nodes: DEFAULT_MAX_RULE_NODES,
         }
     }
 }

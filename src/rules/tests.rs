@@ -482,3 +482,64 @@ fn each_rule_knows_its_place_in_the_set() {
         .expect("matches");
     assert_eq!(matched.rules[0].index, 3);
 }
+
+/// The parser's own wording (its option names, its budget's debug form)
+/// never reaches a rule file's author: each error says what to change.
+#[test]
+fn rule_errors_say_what_to_change_in_the_file() {
+    let error = |text: &str| load(text).expect_err("refused").to_string();
+
+    let twice = error(
+        "domain: a\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: second, requests_per_unit: 1}\n    value: w\n",
+    );
+    assert!(
+        twice.contains(":6:5:")
+            && twice.contains("`value` is given twice in one mapping (first on line 4)"),
+        "{twice}"
+    );
+    assert!(!twice.contains("DuplicateKeyPolicy"), "{twice}");
+
+    let map = error(
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      unit: second\n      requests_per_unit: 1\n",
+    );
+    assert!(
+        map.contains("`rate_limits` must be a list") && map.contains("write `rate_limit:`"),
+        "{map}"
+    );
+
+    let duplicate = error(
+        "domain: a\ndescriptors:\n  - key: k\n    value: v\n  - key: x\n  - key: k\n    value: v\n",
+    );
+    assert!(
+        duplicate.contains(":6:5:") && duplicate.contains("'a.k_v': declared first at line 3"),
+        "{duplicate}"
+    );
+}
+
+#[test]
+fn the_node_budget_is_a_bound_with_its_flag_and_large_files_load() {
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for i in 0..30_000 {
+        text.push_str(&format!(
+            "  - key: customer\n    value: c{i}\n    rate_limit: {{unit: minute, requests_per_unit: {}}}\n",
+            i % 100 + 1
+        ));
+    }
+    // 30,000 per-customer rules: past the YAML library's own default budget
+    // (250,000 nodes), well within ours.
+    let rules = load(&text).expect("a large file loads");
+    assert_eq!(limit_of(&rules, &[("customer", "c29999")]), Some(100));
+
+    let small = LoadOptions {
+        max_rule_nodes: 10_000,
+        ..LoadOptions::default()
+    };
+    let refused = load_sources(&[(PathBuf::from("big.yaml"), text)], &small)
+        .expect_err("over the bound")
+        .to_string();
+    assert!(
+        refused.contains("more than 10000 YAML nodes (--max-rule-nodes"),
+        "{refused}"
+    );
+    assert!(!refused.contains("budget breached"), "{refused}");
+}

@@ -23,6 +23,11 @@ pub struct RuleLoadArgs {
     /// name such as Europe/Berlin).
     #[arg(long, env = "TOLLGATE_TIME_ZONE", default_value = "UTC", value_parser = parse_zone)]
     pub time_zone: &'static Zone,
+
+    /// The most YAML nodes (mappings, lists, scalars) in one rule file: about
+    /// 11 per descriptor with a limit. A bound on the parser's work and memory.
+    #[arg(long, env = "TOLLGATE_MAX_RULE_NODES", default_value_t = crate::rules::DEFAULT_MAX_RULE_NODES, value_parser = clap::value_parser!(usize))]
+    pub max_rule_nodes: usize,
 }
 
 impl RuleLoadArgs {
@@ -33,6 +38,7 @@ impl RuleLoadArgs {
             default_algorithm: self.default_algorithm.into(),
             time_zone: self.time_zone,
             algorithm_override: None,
+            max_rule_nodes: self.max_rule_nodes,
         }
     }
 }
