@@ -329,3 +329,68 @@ fn the_custom_rules_overlay_replaces_the_rules_in_place() {
         "the Deployment mounts the overlay's rules: {volumes:?}"
     );
 }
+
+/// docs/kubernetes.md's image override, written as an overlay of the Redis
+/// overlay, replaces Tollgate's image and nothing else.
+#[test]
+fn the_documented_image_override_points_the_deployment_at_your_image() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/kubernetes.md")).expect("page");
+    let block = page
+        .split("<!-- docs-test: kustomization -->\n```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the marked kustomization in docs/kubernetes.md");
+    // The overlay beside the Redis one, as the page says, in a folder of
+    // the test's own: its `../redis` made relative from there.
+    let dir = tempfile::Builder::new()
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("tempdir");
+    let redis = kubernetes_dir().join("overlays/redis");
+    let up = dir
+        .path()
+        .components()
+        .count()
+        .checked_sub(1)
+        .expect("a path");
+    let relative = format!(
+        "{}{}",
+        "../".repeat(up),
+        redis.display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        block.replace("../redis", &relative),
+    )
+    .expect("write");
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = parse(&String::from_utf8_lossy(&out.stdout), "image override");
+    let images: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|c| c["image"].as_str())
+        .collect();
+    assert!(
+        images.contains(&"registry.example.com/tollgate:0.1.0"),
+        "{images:?}"
+    );
+    assert!(
+        !images.iter().any(|i| i.starts_with("ghcr.io/tollgate/")),
+        "{images:?}"
+    );
+}
