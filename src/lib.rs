@@ -15,6 +15,9 @@
 //! - [`algorithm`]: fixed window, sliding window, token bucket; pure, with
 //!   time passed in.
 //! - `admin`: admin HTTP: health, metrics, `/json`, `/rlconfig`.
+//! - `health`: whether the instance should receive traffic (readiness),
+//!   shared by the admin port, gRPC health and the xDS client.
+//! - `build_info`: the version and commit the binary was built from.
 //! - `reload`: hot reload of the rules (file changes and SIGHUP).
 //! - `xds`: rules from an xDS server (Envoy Gateway's way).
 //! - `logging`: log output; calls refused at the HTTP/2 level, counted.
@@ -38,18 +41,6 @@
 //! `store`); the rest are the crate's own, reached through the re-exports
 //! below. `docs/ARCHITECTURE.md` draws the layers and a request's path.
 
-/// The version, as Cargo.toml says it.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The git commit the binary was built from (`unknown` without git).
-pub const COMMIT: &str = env!("BUILD_COMMIT");
-/// `--version`'s text: the version and the commit.
-pub const LONG_VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("BUILD_COMMIT"),
-    ")"
-);
-
 // The public surface: the pure algorithms, time, the rules, the limiter and
 // the stores, which a program embedding Tollgate's decisions needs; and, at
 // the root, what the `tollgate` binary and the load tools run. Everything
@@ -62,8 +53,10 @@ pub mod rules;
 pub mod store;
 
 pub(crate) mod admin;
+pub(crate) mod build_info;
 pub(crate) mod calendar;
 pub(crate) mod candidate;
+pub(crate) mod health;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod otel;
@@ -79,6 +72,7 @@ pub(crate) mod stats;
 pub(crate) mod xds;
 
 pub use admin::request_from_json;
+pub use build_info::{COMMIT, LONG_VERSION, VERSION};
 pub use logging::init as init_logging;
 pub use rls::{UnaryBody, to_domain};
 pub use server::{DRAIN_TIMEOUT, LIVENESS_SERVICE, bind_grpc, serve_from_settings};

@@ -71,13 +71,10 @@ impl Summarised {
 static REFUSALS: Summarised = Summarised::new();
 static REDIS_WARNINGS: Summarised = Summarised::new();
 
-/// gRPC streams and connections refused at the protocol level so far.
-pub(crate) fn refused_total() -> u64 {
-    REFUSALS.count.load(Ordering::Relaxed)
-}
-
-/// Counts one refusal and keeps its reason for the next summary.
+/// Counts one refusal (in the metric) and keeps its reason for the next
+/// summary.
 fn record_refusal(reason: &str) {
+    crate::metrics::count_protocol_error();
     REFUSALS.record(reason);
 }
 
@@ -246,7 +243,7 @@ mod tests {
 
     #[test]
     fn refusals_are_counted_and_summarised_with_the_last_reason() {
-        let before = refused_total();
+        let before = REFUSALS.count.load(Ordering::Relaxed);
         record_refusal("malformed headers: missing method");
         record_refusal(&"x".repeat(1000));
         let (total, new, last) = REFUSALS.since(before).expect("a summary");

@@ -18,6 +18,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// gRPC streams and connections refused at the HTTP/2 level
+/// (`tollgate_grpc_protocol_errors_total`): counted by the logging layer that
+/// sees the HTTP/2 library's refusals.
+static GRPC_PROTOCOL_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one gRPC stream or connection refused at the HTTP/2 level.
+pub(crate) fn count_protocol_error() {
+    GRPC_PROTOCOL_ERRORS.fetch_add(1, Ordering::Relaxed);
+}
+
 use parking_lot::RwLock;
 
 pub(crate) mod candidate;
@@ -350,15 +360,15 @@ impl Metrics {
             "tollgate_build_info",
             &format!(
                 "version=\"{}\",commit=\"{}\"",
-                crate::VERSION,
-                crate::COMMIT
+                crate::build_info::VERSION,
+                crate::build_info::COMMIT
             ),
             1,
         )
         .counter(
             "tollgate_grpc_protocol_errors_total",
             "gRPC streams and connections refused at the HTTP/2 protocol level (Envoy applies its failure_mode_deny to them).",
-            crate::logging::refused_total(),
+            GRPC_PROTOCOL_ERRORS.load(Ordering::Relaxed),
         );
         self.store_call
             .write(out, "tollgate_store_call_seconds", "Store call latency.");

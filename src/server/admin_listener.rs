@@ -8,17 +8,15 @@
 //! keep a kubelet's probe out. Only when every connection is busy with a
 //! request is a new one refused.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::limits::{Acceptor, ConnectionLimits};
+use super::limits::{Acceptor, ConnectionLimits, Gone, Idle};
 use super::tls::Tls;
 
 /// Serves `router` on `listener` until `stop` turns true.
@@ -89,101 +87,6 @@ pub(super) async fn serve(
         }
     }
     connections.abort_all();
-}
-
-/// The admin connections and since when each has been idle, with the
-/// gauge of the busy ones.
-#[derive(Debug)]
-pub(crate) struct Idle {
-    next: AtomicU64,
-    connections: parking_lot::Mutex<HashMap<u64, Connection>>,
-    busy: Arc<AtomicU64>,
-}
-
-/// One admin connection.
-#[derive(Debug)]
-struct Connection {
-    /// Since when no request has been in progress; `None` while one is.
-    idle_since: Option<Instant>,
-    evict: Arc<tokio::sync::Notify>,
-}
-
-impl Idle {
-    /// No connections yet; busy ones are counted on `busy`.
-    pub(super) fn new(busy: Arc<AtomicU64>) -> Self {
-        Self {
-            next: AtomicU64::new(0),
-            connections: parking_lot::Mutex::default(),
-            busy,
-        }
-    }
-
-    fn busy_changed(&self, busy: bool) {
-        if busy {
-            self.busy.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.busy.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// A new connection, idle from now; notified when evicted.
-    fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let evict = Arc::new(tokio::sync::Notify::new());
-        self.connections.lock().insert(
-            id,
-            Connection {
-                idle_since: Some(Instant::now()),
-                evict: evict.clone(),
-            },
-        );
-        (id, evict)
-    }
-
-    fn set(&self, id: u64, busy: bool) {
-        if let Some(c) = self.connections.lock().get_mut(&id) {
-            if c.idle_since.is_none() != busy {
-                self.busy_changed(busy);
-            }
-            c.idle_since = if busy { None } else { Some(Instant::now()) };
-        }
-    }
-
-    /// Forgets connection `id` (its task ended).
-    fn remove(&self, id: u64) {
-        let gone = self.connections.lock().remove(&id);
-        if gone.is_some_and(|c| c.idle_since.is_none()) {
-            self.busy_changed(false);
-        }
-    }
-
-    /// Closes the connection idle the longest; false when all are busy.
-    fn evict_oldest(&self) -> bool {
-        let mut connections = self.connections.lock();
-        let oldest = connections
-            .iter()
-            .filter_map(|(id, c)| c.idle_since.map(|t| (t, *id)))
-            .min();
-        match oldest {
-            // Idle: the busy gauge does not change.
-            Some((_, id)) => {
-                if let Some(c) = connections.remove(&id) {
-                    c.evict.notify_one();
-                }
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// Forgets a connection when its task ends.
-struct Gone<'a>(&'a Idle, u64);
-
-impl Drop for Gone<'_> {
-    fn drop(&mut self) {
-        self.0.remove(self.1);
-    }
 }
 
 /// The router, marking its connection busy while a request is in progress.

@@ -2,9 +2,10 @@
 //! handshakes and streams, buffers. Every bound is a flag (see docs/security.md's
 //! "Bounds" table); the defaults leave Envoy's own behaviour untouched.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -37,7 +38,7 @@ pub(crate) struct ConnectionLimits {
     pub admin_timeout: Duration,
     /// The admin connections and since when each is idle, across all admin
     /// listeners (they share `admin_connections`, so eviction does too).
-    pub admin_idle: Arc<super::admin_listener::Idle>,
+    pub admin_idle: Arc<Idle>,
     /// Open connections, for `/metrics` (the limiter's).
     pub open: Arc<crate::metrics::Connections>,
 }
@@ -45,10 +46,8 @@ pub(crate) struct ConnectionLimits {
 impl ConnectionLimits {
     /// The idle set of admin connections, counting its busy ones on
     /// `open`'s gauge.
-    pub(super) fn admin_idle(
-        open: &crate::metrics::Connections,
-    ) -> Arc<super::admin_listener::Idle> {
-        Arc::new(super::admin_listener::Idle::new(open.admin_busy.clone()))
+    pub(super) fn admin_idle(open: &crate::metrics::Connections) -> Arc<Idle> {
+        Arc::new(Idle::new(open.admin_busy.clone()))
     }
 }
 
@@ -248,5 +247,100 @@ impl Acceptor {
                 }
             }
         }
+    }
+}
+
+/// The admin connections and since when each has been idle, with the
+/// gauge of the busy ones.
+#[derive(Debug)]
+pub(crate) struct Idle {
+    next: AtomicU64,
+    connections: parking_lot::Mutex<HashMap<u64, Connection>>,
+    busy: Arc<AtomicU64>,
+}
+
+/// One admin connection.
+#[derive(Debug)]
+struct Connection {
+    /// Since when no request has been in progress; `None` while one is.
+    idle_since: Option<Instant>,
+    evict: Arc<tokio::sync::Notify>,
+}
+
+impl Idle {
+    /// No connections yet; busy ones are counted on `busy`.
+    pub(super) fn new(busy: Arc<AtomicU64>) -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            connections: parking_lot::Mutex::default(),
+            busy,
+        }
+    }
+
+    fn busy_changed(&self, busy: bool) {
+        if busy {
+            self.busy.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.busy.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A new connection, idle from now; notified when evicted.
+    pub(super) fn add(&self) -> (u64, Arc<tokio::sync::Notify>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let evict = Arc::new(tokio::sync::Notify::new());
+        self.connections.lock().insert(
+            id,
+            Connection {
+                idle_since: Some(Instant::now()),
+                evict: evict.clone(),
+            },
+        );
+        (id, evict)
+    }
+
+    pub(super) fn set(&self, id: u64, busy: bool) {
+        if let Some(c) = self.connections.lock().get_mut(&id) {
+            if c.idle_since.is_none() != busy {
+                self.busy_changed(busy);
+            }
+            c.idle_since = if busy { None } else { Some(Instant::now()) };
+        }
+    }
+
+    /// Forgets connection `id` (its task ended).
+    fn remove(&self, id: u64) {
+        let gone = self.connections.lock().remove(&id);
+        if gone.is_some_and(|c| c.idle_since.is_none()) {
+            self.busy_changed(false);
+        }
+    }
+
+    /// Closes the connection idle the longest; false when all are busy.
+    pub(super) fn evict_oldest(&self) -> bool {
+        let mut connections = self.connections.lock();
+        let oldest = connections
+            .iter()
+            .filter_map(|(id, c)| c.idle_since.map(|t| (t, *id)))
+            .min();
+        match oldest {
+            // Idle: the busy gauge does not change.
+            Some((_, id)) => {
+                if let Some(c) = connections.remove(&id) {
+                    c.evict.notify_one();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Forgets a connection when its task ends.
+pub(super) struct Gone<'a>(pub(super) &'a Idle, pub(super) u64);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
     }
 }

@@ -25,8 +25,8 @@ mod whole;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 
-use crate::admin::Health;
 use crate::candidate::Candidate;
+use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::reload::Reloader;
 use crate::rlqs::{Quotas, RlqsService};

@@ -11,6 +11,7 @@ mod otel;
 mod redis_url;
 mod reference;
 mod reference_defaults;
+mod reference_env;
 mod reference_redis;
 mod reference_stats;
 mod reference_tls;
@@ -42,7 +43,7 @@ use crate::rules::LoadOptions;
 
 /// Tollgate: a rate limit service for Envoy.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version = crate::LONG_VERSION, about)]
+#[command(name = "tollgate", version = crate::build_info::LONG_VERSION, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -2,7 +2,7 @@
 //! and TLS variables make.
 
 use super::redis_url::{RedisUrl, reference_redis_url};
-use super::reference::{adopt, bool_var, set_var};
+use super::reference_env::{adopt, bool_var, set_var};
 use super::{ServeArgs, StoreKind};
 
 impl ServeArgs {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::reference::{adopt, bool_var, set_var};
+use super::reference_env::{adopt, bool_var, set_var};
 use super::{OnOff, ServeArgs};
 
 impl ServeArgs {

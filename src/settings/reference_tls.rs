@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::reference::adopt;
+use super::reference_env::adopt;
 use super::{OnOff, ServeArgs};
 
 impl ServeArgs {

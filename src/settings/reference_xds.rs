@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::reference::{adopt, bool_var, set_var};
+use super::reference_env::{adopt, bool_var, set_var};
 use super::{OnOff, ServeArgs};
 
 impl ServeArgs {

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use connect::Connector;
 pub(crate) use connect::XdsTls;
 
-use crate::admin::Health;
+use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::reload::count_load;
 use crate::rules::{LoadOptions, load_sources};

@@ -1,7 +1,7 @@
 //! The access log's format: its operators as fields, text lines read
 //! through a template, JSON lines by key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -108,15 +108,40 @@ pub(super) struct Logged {
     pub(super) remote: Option<String>,
 }
 
-impl EnvoyConfig {
+/// How the configuration's access log writes a request: the format the
+/// importer reads its lines with.
+pub(super) struct LogFormat {
+    /// `json_format`'s keys and what each records; `None`: no JSON format.
+    json: Option<BTreeMap<String, Field>>,
+    /// The text format's literal parts and fields.
+    template: Vec<(String, Field)>,
+}
+
+impl From<&EnvoyConfig> for LogFormat {
+    fn from(config: &EnvoyConfig) -> Self {
+        let json = config.json_format.as_ref().map(|format| {
+            format
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_deref().map_or(Field::Other, field_of)))
+                .collect()
+        });
+        let text = config.text_format.as_deref().unwrap_or(DEFAULT_FORMAT);
+        Self {
+            json,
+            template: template(text),
+        }
+    }
+}
+
+impl LogFormat {
     /// The fields a log line has, by what they record.
-    pub(super) fn logged(&self, line: &str, template: &[(String, Field)]) -> Option<Logged> {
+    pub(super) fn read(&self, line: &str) -> Option<Logged> {
         let fields: Vec<(Field, String)> = if line.trim_start().starts_with('{') {
             let object: serde_json::Map<String, Value> = serde_json::from_str(line).ok()?;
             object
                 .into_iter()
                 .map(|(k, v)| {
-                    let field = match &self.json_format {
+                    let field = match &self.json {
                         Some(format) => format.get(&k).cloned().unwrap_or(Field::Other),
                         // No json_format in the configuration: Envoy's own
                         // names for the usual operators.
@@ -131,7 +156,7 @@ impl EnvoyConfig {
                 })
                 .collect()
         } else {
-            read_text(template, line)?
+            read_text(&self.template, line)?
         };
         let mut logged = Logged::default();
         for (field, value) in fields {
@@ -155,12 +180,9 @@ impl EnvoyConfig {
 
     /// Which headers the log records at all (whether or not a line has one).
     pub(super) fn recorded(&self) -> Vec<Field> {
-        match &self.json_format {
+        match &self.json {
             Some(format) => format.values().cloned().collect(),
-            None => template(&self.text_format)
-                .into_iter()
-                .map(|(_, f)| f)
-                .collect(),
+            None => self.template.iter().map(|(_, f)| f.clone()).collect(),
         }
     }
 }

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::access_log::{DEFAULT_FORMAT, Field, field_of};
-
 /// The parts of an Envoy configuration the importer uses.
 #[derive(Debug)]
 pub(crate) struct EnvoyConfig {
@@ -16,8 +14,11 @@ pub(crate) struct EnvoyConfig {
     pub(super) stage: u64,
     pub(super) filter_rate_limits: Option<Vec<Value>>,
     pub(super) virtual_hosts: Vec<Value>,
-    pub(super) json_format: Option<BTreeMap<String, Field>>,
-    pub(super) text_format: String,
+    /// The access log's `json_format`: each key's command operator as
+    /// written (`None` for a value that is not a string).
+    pub(super) json_format: Option<BTreeMap<String, Option<String>>>,
+    /// The access log's text format as written; `None`: Envoy's default.
+    pub(super) text_format: Option<String>,
     pub(super) local_cluster: Option<String>,
     /// The configuration's `safe_regex` patterns, compiled.
     pub(super) regexes: HashMap<String, regex::Regex>,
@@ -90,7 +91,7 @@ impl EnvoyConfig {
         let format = log.map(|l| &l["typed_config"]["log_format"]);
         let json_format = format.and_then(|f| f["json_format"].as_object()).map(|m| {
             m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().map_or(Field::Other, field_of)))
+                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
                 .collect()
         });
         let text_format = format
@@ -99,8 +100,7 @@ impl EnvoyConfig {
                     .as_str()
                     .or(f["text_format"].as_str())
             })
-            .unwrap_or(DEFAULT_FORMAT)
-            .to_owned();
+            .map(str::to_owned);
         let local_cluster = config["cluster_manager"]["local_cluster_name"]
             .as_str()
             .or(config["node"]["cluster"].as_str())

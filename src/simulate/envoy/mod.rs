@@ -25,12 +25,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use access_log::template;
+use access_log::LogFormat;
 use actions::descriptor;
 use routing::route;
 
-#[cfg(test)]
-use access_log::DEFAULT_FORMAT;
 pub(crate) use config::EnvoyConfig;
 
 use super::traffic::{Event, Strings, parse_time};
@@ -43,8 +41,8 @@ pub(crate) fn import(
     path: &Path,
 ) -> Result<(Vec<Event>, Vec<String>), String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let template = template(&config.text_format);
-    let recorded = config.recorded();
+    let format = LogFormat::from(config);
+    let recorded = format.recorded();
     let mut events = Vec::new();
     let mut strings = Strings::default();
     let domain = strings.get(&config.domain);
@@ -73,7 +71,7 @@ pub(crate) fn import(
         if line.trim().is_empty() {
             continue;
         }
-        let Some(logged) = config.logged(line, &template) else {
+        let Some(logged) = format.read(line) else {
             unreadable += 1;
             continue;
         };
@@ -165,7 +163,7 @@ pub(crate) fn import(
 
 #[cfg(test)]
 mod tests {
-    use super::access_log::{Field, read_text};
+    use super::access_log::{DEFAULT_FORMAT, Field, read_text, template};
     use super::actions::masked;
     use super::routing::domain_matches;
     use super::*;

@@ -10,7 +10,7 @@ use super::keys::Slot;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Value};
 
-use super::cluster::Node;
+use super::error::redis_error;
 use super::script::Invocation;
 use super::{RedisStore, RedisTarget};
 use crate::store::StoreError;
@@ -176,19 +176,25 @@ impl RedisStore {
         inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
     }
 
-    /// This thread's connection to a Cluster `node`, made on first use.
-    pub(super) async fn node_conn(&self, node: &Node) -> Result<Conn, StoreError> {
-        let generation = node.breaker.generation();
-        let cached = CONNECTIONS.with(|c| c.borrow().get(&node.id).cloned());
+    /// This thread's connection to the server at `url` (a Cluster node),
+    /// cached under `id` while its breaker is at `generation`; made on first
+    /// use.
+    pub(super) async fn conn_to(
+        &self,
+        id: usize,
+        generation: usize,
+        url: &str,
+    ) -> Result<Conn, StoreError> {
+        let cached = CONNECTIONS.with(|c| c.borrow().get(&id).cloned());
         if let Some((_, conn)) = cached.filter(|(g, _)| *g == generation) {
             return Ok(conn);
         }
         let timeout = self.inner.options.timeout;
         // Type-erased, as connecting is a deep future (see `owner`).
         let connect: futures_util::future::BoxFuture<'_, _> =
-            Box::pin(self.connect_one(&node.url, timeout));
+            Box::pin(self.connect_one(url, timeout));
         let conn = self.timed(connect).await?;
-        CONNECTIONS.with(|c| c.borrow_mut().insert(node.id, (generation, conn.clone())));
+        CONNECTIONS.with(|c| c.borrow_mut().insert(id, (generation, conn.clone())));
         Ok(conn)
     }
 
@@ -266,66 +272,6 @@ impl RedisStore {
             Ok(Err(e)) => Err(redis_error(&e)),
             Err(_) => Err(StoreError::Timeout(within)),
         }
-    }
-}
-
-/// What in a Redis error says the configuration is wrong (a password, a
-/// certificate), not the network or Redis's health: retrying cannot help.
-fn misconfiguration(e: &RedisError) -> Option<&'static str> {
-    let text = e.to_string();
-    if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || [
-            "NOAUTH",
-            "WRONGPASS",
-            "invalid password",
-            "invalid username-password",
-        ]
-        .iter()
-        .any(|m| text.contains(m))
-    {
-        return Some("Redis refused the credentials (the password in the URL, or REDIS_AUTH)");
-    }
-    if text.contains("NOPERM") {
-        return Some("Redis's ACL does not allow Tollgate's commands (EVALSHA, SCRIPT LOAD, PING)");
-    }
-    let tls = [
-        "certificate",
-        "Certificate",
-        "handshake",
-        "InvalidMessage",
-        "tls",
-        "TLS",
-    ];
-    if e.is_io_error() && tls.iter().any(|m| text.contains(m)) {
-        return Some(
-            "the TLS handshake with Redis failed (its CA, the client certificate, or rediss:// against a plain port)",
-        );
-    }
-    None
-}
-
-pub(super) fn redis_error(e: &RedisError) -> StoreError {
-    if let Some(what) = misconfiguration(e) {
-        return StoreError::Config(format!("{what}: {e}"));
-    }
-    let transient = e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_io_error()
-        || e.is_unrecoverable_error()
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-        );
-    StoreError::Redis {
-        message: e.to_string(),
-        transient,
     }
 }
 

@@ -25,6 +25,7 @@ mod breaker;
 mod cluster;
 mod coalesce;
 mod conn;
+mod error;
 mod events;
 mod keys;
 mod lease;

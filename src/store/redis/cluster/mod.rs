@@ -32,7 +32,7 @@ pub(super) use map::{Cluster, Node};
 use map::{parse_slots, seed_addr};
 
 use super::RedisStore;
-use super::conn::redis_error;
+use super::error::redis_error;
 use super::keys::Slot;
 use super::script::Invocation;
 use crate::store::StoreError;
@@ -96,7 +96,9 @@ impl RedisStore {
                 self.refresh_soon();
                 return Err(StoreError::CircuitOpen);
             }
-            let mut conn = self.node_conn(&node).await?;
+            let mut conn = self
+                .conn_to(node.id, node.breaker.generation(), &node.url)
+                .await?;
             let mut pending = Pending {
                 store: self,
                 node: &node,
