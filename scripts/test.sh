@@ -38,6 +38,12 @@ ensure_check_tools
 # tests/docs.rs).
 .build/venv/bin/actionlint .github/workflows/*.yml
 .build/venv/bin/mdbook build docs
+# The compatibility test also checks envoyproxy/ratelimit's own fixtures
+# where they are beside the checkout; say so when they are not.
+if [ ! -f ../shared/compat/envoy-ratelimit/cases.yaml ]; then
+    echo "test.sh: envoyproxy/ratelimit's fixtures are not at ../shared/compat/envoy-ratelimit:" \
+        "tests/compat.rs checks the repository's own corpus (tests/compat/) and skips them" >&2
+fi
 cargo test --no-fail-fast
 # The documented source install (`cargo install --locked --path .`) builds a
 # binary that runs: here in the debug profile, on the build above.
