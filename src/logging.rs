@@ -71,6 +71,26 @@ impl Summarised {
 static REFUSALS: Summarised = Summarised::new();
 static REDIS_WARNINGS: Summarised = Summarised::new();
 
+tokio::task_local! {
+    /// Set while a gRPC server connection is served: the HTTP/2 library's
+    /// protocol errors there are calls Tollgate refused. Its errors as a
+    /// client (the xDS and OTLP connections) are not.
+    static SERVER_CONNECTION: ();
+}
+
+/// `connection`, served as a gRPC server connection: the HTTP/2 library's
+/// refusals inside it are counted and summarised.
+pub(crate) fn in_server_connection<F: std::future::Future>(
+    connection: F,
+) -> impl std::future::Future<Output = F::Output> {
+    SERVER_CONNECTION.scope((), connection)
+}
+
+/// Whether the code running now serves a gRPC server connection.
+fn in_a_server_connection() -> bool {
+    SERVER_CONNECTION.try_with(|_| ()).is_ok()
+}
+
 /// Counts one refusal (in the metric) and keeps its reason for the next
 /// summary.
 fn record_refusal(reason: &str) {
@@ -100,6 +120,9 @@ impl Visit for Message {
 
 impl<S: tracing::Subscriber> Layer<S> for Refusals {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if !in_a_server_connection() {
+            return;
+        }
         let mut message = Message(String::new());
         event.record(&mut message);
         record_refusal(&message.0);
@@ -251,6 +274,21 @@ mod tests {
         assert!(new >= 2);
         assert!(last.len() <= MAX_REASON_BYTES, "{}", last.len());
         assert_eq!(REFUSALS.since(total).map(|s| s.1), None);
+    }
+
+    #[tokio::test]
+    async fn only_server_connections_refuse_calls() {
+        assert!(!in_a_server_connection(), "outside any connection");
+        assert!(
+            in_server_connection(async { in_a_server_connection() }).await,
+            "inside a server connection"
+        );
+        // A client connection (xDS, OTLP) is a task of its own.
+        let client =
+            in_server_connection(async { tokio::spawn(async { in_a_server_connection() }).await })
+                .await
+                .expect("joined");
+        assert!(!client, "a task spawned elsewhere is not the connection");
     }
 
     #[test]

@@ -329,7 +329,9 @@ where
                 let idle = limits.idle_timeout;
                 let request_timeout = limits.request_timeout;
                 let acceptor = tls.as_ref().map(|t| t.grpc_acceptor());
-                connections.spawn(async move {
+                // In a server connection: the HTTP/2 library's refusals here
+                // are calls refused (its client errors, xDS's and OTLP's, are not).
+                connections.spawn(crate::logging::in_server_connection(async move {
                     let _permit = permit;
                     match acceptor {
                         None => {
@@ -350,7 +352,7 @@ where
                             }
                         }
                     }
-                });
+                }));
             }
             _ = stop.wait_for(|s| *s) => break,
             // Reap finished connections as we go.

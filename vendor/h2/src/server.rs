@@ -1640,11 +1640,6 @@ impl Peer {
     }
 }
 
-/// Tollgate patch: the `:authority` of a request whose value is not a URI
-/// authority (so the request's URI has none), as the client sent it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RawAuthority(pub Bytes);
-
 impl proto::Peer for Peer {
     type Poll = Request<()>;
 
@@ -1710,13 +1705,10 @@ impl proto::Peer for Peer {
         // dropped instead of resetting the stream, as Go's gRPC server does.
         // Envoy sends its cluster name there when the gRPC service sets no
         // `authority` (Istio's `outbound|8081||name.ns.svc.cluster.local`),
-        // and an empty one is legal HTTP/2. The raw value stays readable as
-        // the `RawAuthority` extension.
-        let mut raw_authority = None;
+        // and an empty one is legal HTTP/2.
         if let Some(authority) = pseudo.authority {
-            match uri::Authority::from_maybe_shared(authority.clone().into_inner()) {
-                Ok(parsed) => parts.authority = Some(parsed),
-                Err(_) => raw_authority = Some(RawAuthority(authority.into_inner())),
+            if let Ok(parsed) = uri::Authority::from_maybe_shared(authority.into_inner()) {
+                parts.authority = Some(parsed);
             }
         }
 
@@ -1775,9 +1767,6 @@ impl proto::Peer for Peer {
         };
 
         *request.headers_mut() = fields;
-        if let Some(raw) = raw_authority {
-            request.extensions_mut().insert(raw);
-        }
 
         Ok(request)
     }
