@@ -232,10 +232,14 @@ fn the_shipped_envoyfilter_and_configmap_enforce_their_limits() {
 fn the_shipped_envoyfilter_produces_every_descriptor_the_configmap_limits() {
     let (_configmap, rules, tollgate, envoy, addr) = shipped_gateway();
     // /login: ten a minute per client address, then refused (the anonymous
-    // limit, 240, is far away).
-    let logins: Vec<u16> = (0..11).map(|_| status_of(addr, "/login", &[])).collect();
+    // limit, 240, is far away). A run that crosses a minute boundary may see
+    // one more admitted (the sliding window weighs the previous minute's).
+    let logins: Vec<u16> = (0..13).map(|_| status_of(addr, "/login", &[])).collect();
     assert_eq!(logins[..10], [200; 10], "{logins:?}");
-    assert_eq!(logins[10], 429, "{logins:?}");
+    assert!(
+        logins[10..].iter().filter(|s| **s == 429).count() >= 2,
+        "the /login limit refuses: {logins:?}"
+    );
     assert_eq!(status(addr, &[("x-user-id", "ann")]), 200);
     assert_eq!(status(addr, &[("x-org-id", "acme")]), 200);
     assert_eq!(envoy.stat("cluster.upstream.ratelimit.error"), 0);
