@@ -1,5 +1,5 @@
 //! What each fuzz target does with its input, shared by the libFuzzer
-//! targets (`fuzz/fuzz_targets/*.rs`) and by `tests/fuzz_corpus.rs`, which
+//! targets (`fuzz/fuzz_targets/*.rs`) and by `tests/api/fuzz_corpus.rs`, which
 //! replays the saved corpus and every crash found on a stable toolchain in
 //! CI. Each function panics when an invariant breaks.
 #![allow(dead_code, clippy::unwrap_used)]

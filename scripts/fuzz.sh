@@ -3,7 +3,7 @@
 # (default 60). Runs on the stable toolchain here: cargo-fuzz needs nightly
 # flags (-Z sanitizer), which RUSTC_BOOTSTRAP=1 unlocks on a stable rustc.
 # New corpus entries stay in fuzz/corpus/<target>; a crash is copied into
-# fuzz/regressions/<target>/, which `cargo test --test fuzz_corpus` (and so
+# fuzz/regressions/<target>/, which `cargo test --test api fuzz_corpus` (and so
 # CI) replays from then on, and the script exits non-zero.
 #
 #   scripts/fuzz.sh [SECONDS]

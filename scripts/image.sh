@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Tollgate's image from ./Containerfile with buildah, on a machine
 # with no image registry, writes it to .build/tollgate-image.tar (an OCI
-# archive) and runs the image test (tests/image.rs) against it.
+# archive) and runs the image test (tests/operations/image.rs) against it.
 #
 #   ./scripts/image.sh            build, then test
 #   ./scripts/image.sh --no-test  build only
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 
 export BUILDAH_ISOLATION=chroot
 # vfs storage: buildah 1.28 reads no STORAGE_DRIVER variable, so every call
-# names it (tests/image.rs does the same).
+# names it (tests/operations/image.rs does the same).
 buildah() { command buildah --storage-driver vfs "$@"; }
 RUNTIME_BASE=gcr.io/distroless/cc-debian12:nonroot
 RUST_VERSION=1.95.0
@@ -158,5 +158,5 @@ echo "image.sh: $IMAGE: $size uncompressed; $ARCHIVE: $(du -h "$ARCHIVE" | cut -
 
 if [ "${1:-}" != "--no-test" ]; then
     ensure_test_deps
-    cargo test --test image -- --ignored --nocapture
+    cargo test --test operations -- --ignored --nocapture image::
 fi

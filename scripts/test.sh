@@ -37,14 +37,14 @@ ensure_check_tools
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
 # The release workflow, and the docs site (its links are checked by
-# tests/docs.rs).
+# tests/operations/docs.rs).
 .build/venv/bin/actionlint .github/workflows/*.yml
 .build/venv/bin/mdbook build docs
 # The compatibility test also checks envoyproxy/ratelimit's own fixtures
 # where they are beside the checkout; say so when they are not.
 if [ ! -f ../shared/compat/envoy-ratelimit/cases.yaml ]; then
     echo "test.sh: envoyproxy/ratelimit's fixtures are not at ../shared/compat/envoy-ratelimit:" \
-        "tests/compat.rs checks the repository's own corpus (tests/compat/) and skips them" >&2
+        "tests/api/compat.rs checks the repository's own corpus (tests/compat/) and skips them" >&2
 fi
 cargo test --no-fail-fast
 # The documented source install (`cargo install --locked --path .`) builds a
@@ -55,7 +55,7 @@ CARGO_TARGET_DIR=target cargo install --quiet --locked --debug --path . --bin to
 .build/install/bin/tollgate check examples/rules >/dev/null
 # The slow group: the quota service's timelines through real Envoys (about
 # 80 s), ignored by a plain `cargo test` so it stays short.
-cargo test --test rlqs -- --ignored
+cargo test --test envoy -- --ignored
 # Nothing the tests started outlives them (servers in statics used to: a
 # watchdog now ends them with the test process; it checks once a second).
 sleep 2

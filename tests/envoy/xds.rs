@@ -1,0 +1,229 @@
+//! Rules over xDS against a real `tollgate serve`: an xDS server written
+//! from the protocol (tests/common/xds.rs) sends RateLimitConfig snapshots
+//! over mutual TLS; Tollgate waits for the first, applies each, ACKs it,
+//! NACKs one that does not load (keeping the rules in force), and
+//! reconnects to a restarted server with the version it holds.
+
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::common::envoy::http;
+use crate::common::tls::Pki;
+use crate::common::xds::{ServerTls, XdsServer};
+use crate::common::{Tollgate, ask, eventually, request};
+use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
+
+fn config(name: &str, limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: name.into(),
+        domain: "t".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+fn health(server: &Tollgate) -> (u16, String) {
+    let r = http(server.admin, "GET", "/healthcheck", &[]).expect("health");
+    (r.status, r.body)
+}
+
+async fn remaining(server: &Tollgate, user: &str) -> u32 {
+    let mut client = server.client().await;
+    ask(&mut client, request("t", &[&[("user", user)]]))
+        .await
+        .statuses[0]
+        .limit_remaining
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_arrive_over_mutual_tls_are_acked_nacked_and_survive_a_server_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path());
+    let tls = ServerTls {
+        cert: pki.pem("server"),
+        key: pki.key("server"),
+        client_ca: pki.pem("ca"),
+    };
+    let xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), Some(&tls), None).await;
+    let url = format!("https://{}", xds.addr);
+    let (ca, cert, key) = (pki.path("ca"), pki.path("client"), pki.key_path("client"));
+    let server = Tollgate::start(
+        "",
+        &[
+            "--rules-xds",
+            &url,
+            "--xds-ca",
+            &ca,
+            "--xds-client-cert",
+            &cert,
+            "--xds-client-key",
+            &key,
+            "--xds-node-id",
+            "envoy-ratelimit",
+            "--xds-node-metadata",
+            "zone=a,team=gw",
+            "--xds-header",
+            "x-token=s3cret",
+            "--xds-connect-retry",
+            "200ms",
+            "--xds-backoff-initial",
+            "200ms",
+            "--xds-backoff-max",
+            "1s",
+        ],
+    );
+    // Connected, asked for our type with the node, and not ready: no rules yet.
+    let first = xds
+        .wait_for("a first request", |s| {
+            s.type_url.ends_with("RateLimitConfig")
+        })
+        .await;
+    assert_eq!(first.node_id.as_deref(), Some("envoy-ratelimit"));
+    let mut metadata = first.node_metadata.clone();
+    metadata.sort();
+    assert_eq!(
+        metadata,
+        [("team".into(), "gw".into()), ("zone".into(), "a".into())]
+    );
+    assert_eq!(first.token.as_deref(), Some("s3cret"));
+    assert_eq!(first.version_info, "");
+    let (status, body) = health(&server);
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("waiting for the first rules"), "{body}");
+
+    // v1: applied, ACKed with its version and nonce, ready.
+    xds.set("v1", vec![config("users", 2, RateLimitUnit::Hour)]);
+    let ack = xds
+        .wait_for("the ACK of v1", |s| s.version_info == "v1")
+        .await;
+    assert!(ack.response_nonce.starts_with("nonce-"), "{ack:?}");
+    assert_eq!(ack.error, None);
+    assert!(
+        eventually(Duration::from_secs(10), async || health(&server).0 == 200).await,
+        "ready within 10 s"
+    );
+    let rlconfig = http(server.admin, "GET", "/rlconfig", &[])
+        .expect("rlconfig")
+        .body;
+    assert!(rlconfig.starts_with("# xDS version: v1\n"), "{rlconfig}");
+    assert_eq!(remaining(&server, "ann").await, 1);
+
+    // v2: a new limit replaces the old.
+    xds.set("v2", vec![config("users", 5, RateLimitUnit::Hour)]);
+    xds.wait_for("the ACK of v2", |s| s.version_info == "v2")
+        .await;
+    assert_eq!(remaining(&server, "bob").await, 4);
+
+    // v3 does not load (a limit without a unit): NACK, v2 stays.
+    let errors_before = server.metric("ratelimit_service_config_load_error");
+    xds.set("v3", vec![config("users", 9, RateLimitUnit::Unknown)]);
+    let nack = xds.wait_for("the NACK of v3", |s| s.error.is_some()).await;
+    assert_eq!(
+        nack.version_info, "v2",
+        "a NACK carries the version in force"
+    );
+    let error = nack.error.unwrap_or_default();
+    assert!(
+        error.contains("xds:users") && error.contains("unit"),
+        "{error}"
+    );
+    assert_eq!(
+        server.metric("ratelimit_service_config_load_error"),
+        errors_before + 1
+    );
+    assert_eq!(remaining(&server, "carl").await, 4);
+    assert_eq!(health(&server).0, 200);
+
+    // The server goes away and comes back on the same address with v4: the
+    // new stream opens with the version in force, and v4 is applied.
+    let addr = xds.addr;
+    let ended = server.log_count("xDS stream for rate limit rules ended");
+    drop(xds);
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        crate::common::wait_until(
+            "Tollgate to see the stream end",
+            Duration::from_secs(10),
+            || t.log_count("xDS stream for rate limit rules ended") > ended,
+        )
+    });
+    assert_eq!(
+        health(&server).0,
+        200,
+        "rules in force stay while the server is away"
+    );
+    let xds = XdsServer::start(
+        addr,
+        Some(&tls),
+        Some(("v4".into(), vec![config("users", 7, RateLimitUnit::Minute)])),
+    )
+    .await;
+    let hello = xds
+        .wait_for("a reconnection", |s| s.response_nonce.is_empty())
+        .await;
+    assert_eq!(hello.version_info, "v2");
+    xds.wait_for("the ACK of v4", |s| s.version_info == "v4")
+        .await;
+    assert_eq!(remaining(&server, "dan").await, 6);
+    assert!(server.log_count("xDS stream for rate limit rules ended") >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_waiting_it_is_ready_at_once_and_a_client_without_a_certificate_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path());
+    let tls = ServerTls {
+        cert: pki.pem("server"),
+        key: pki.key("server"),
+        client_ca: pki.pem("ca"),
+    };
+    let xds = XdsServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        Some(&tls),
+        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
+    )
+    .await;
+    let url = format!("https://{}", xds.addr);
+    let ca = pki.path("ca");
+    // No client certificate: the server refuses the handshake, so no rules
+    // ever arrive; ready all the same, with none.
+    let server = Tollgate::start(
+        "",
+        &[
+            "--rules-xds",
+            &url,
+            "--xds-ca",
+            &ca,
+            "--xds-wait-for-rules",
+            "off",
+            "--xds-connect-retry",
+            "100ms",
+        ],
+    );
+    let (status, body) = health(&server);
+    assert_eq!(status, 200, "{body}");
+    // Refused again and again (retrying every 100 ms), never a stream.
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        crate::common::wait_until("three refused attempts", Duration::from_secs(10), || {
+            t.log_count("cannot connect") + t.log_count("stream refused") >= 3
+        })
+    });
+    assert!(xds.seen().is_empty(), "{:?}", xds.seen());
+    let mut client = server.client().await;
+    let answer = ask(&mut client, request("t", &[&[("user", "ann")]])).await;
+    assert!(
+        answer.statuses[0].current_limit.is_none(),
+        "no rules: no limit"
+    );
+}

@@ -1,0 +1,158 @@
+//! The admin port against a real browser (headless Chromium): a page from
+//! another origin that POSTs to `/json` cannot spend anyone's budget, and a
+//! page on a rebound host name cannot read the admin endpoints.
+
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::envoy::http;
+use crate::common::{Tollgate, ask, request};
+
+const RULES: &str =
+    "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+
+/// Serves `page` to every request on a free port, in the background.
+fn serve_page(page: String) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    port
+}
+
+/// Opens `url` in headless Chromium and returns the page's DOM once its
+/// scripts have had `budget_ms` of (virtual) time.
+fn chromium(url: &str, budget_ms: u32) -> String {
+    let found = Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "chromium is needed by this test: install it (Debian: apt-get install chromium), or run ./scripts/test.sh, which installs it"
+    );
+    let profile = tempfile::tempdir().expect("profile dir");
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .args(["--dump-dom", url])
+        .output()
+        .expect("run chromium");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_from_another_origin_cannot_spend_a_budget() {
+    let server = Tollgate::start(RULES, &[]);
+    let admin = server.admin;
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}"#;
+    // The classic JSON CSRF: text/plain needs no CORS preflight, from fetch
+    // (no-cors) and from a form whose one field spells the JSON.
+    let page = format!(
+        r#"<html><body><iframe name="sink"></iframe>
+<form id="f" method="POST" action="http://{admin}/json" enctype="text/plain" target="sink">
+<input name='{{"domain":"d","descriptors":[{{"entries":[{{"key":"user","value":"ann"}}]}}],"pad":"' value='"}}'>
+</form>
+<div id="out">pending</div>
+<script>
+fetch("http://{admin}/json", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body: '{body}'}})
+  .then(() => {{ document.getElementById("out").textContent = "fetch sent"; document.getElementById("f").submit(); }})
+  .catch(e => {{ document.getElementById("out").textContent = "fetch failed " + e; document.getElementById("f").submit(); }});
+</script></body></html>"#
+    );
+    let port = serve_page(page);
+    let dom = chromium(&format!("http://127.0.0.1:{port}/"), 5000);
+    assert!(dom.contains("fetch sent"), "the page ran: {dom}");
+    // Ann's one request a day is still hers.
+    let mut client = server.client().await;
+    let ann = ask(&mut client, request("d", &[&[("user", "ann")]])).await;
+    assert_eq!(
+        ann.overall_code, 1,
+        "ann's budget was not spent by the page"
+    );
+    // Both requests reached the admin port and were refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.metric("tollgate_admin_refused_total") < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the browser's requests were refused: {} seen",
+            server.metric("tollgate_admin_refused_total")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_naming_another_host_and_cross_site_posts_are_refused() {
+    let server = Tollgate::start(RULES, &["--admin-hosts", "tollgate.example"]);
+    let admin = server.admin;
+    // DNS rebinding: the browser sends the attacker's name as Host.
+    let rebound =
+        http(admin, "GET", "/rlconfig", &[("Host", "evil.example:6070")]).expect("answer");
+    assert_eq!(rebound.status, 421, "{}", rebound.body);
+    assert!(rebound.body.contains("--admin-hosts"), "{}", rebound.body);
+    for host in [
+        admin.to_string(),
+        "localhost".into(),
+        "Tollgate.Example:6070".into(),
+    ] {
+        let r = http(admin, "GET", "/rlconfig", &[("Host", &host)]).expect("answer");
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+    }
+    // A cross-site POST, even as JSON (a preflight the browser would send
+    // first is never answered with CORS headers anyway).
+    let json = [
+        ("Content-Type", "application/json"),
+        ("Origin", "http://evil.example"),
+    ];
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+    let r =
+        crate::common::envoy::http_with_body(admin, "POST", "/json", &json, body).expect("answer");
+    assert_eq!(r.status, 403, "{}", r.body);
+    let plain = [("Content-Type", "text/plain")];
+    let r =
+        crate::common::envoy::http_with_body(admin, "POST", "/json", &plain, body).expect("answer");
+    assert_eq!(r.status, 415, "{}", r.body);
+    // The operator's own call (curl sends no Origin) works, and spends.
+    let ok = [("Content-Type", "application/json")];
+    let r =
+        crate::common::envoy::http_with_body(admin, "POST", "/json", &ok, body).expect("answer");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(server.metric("tollgate_admin_refused_total"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_can_be_turned_off() {
+    let server = Tollgate::start(RULES, &["--admin-json", "off"]);
+    let ok = [("Content-Type", "application/json")];
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+    let r = crate::common::envoy::http_with_body(server.admin, "POST", "/json", &ok, body)
+        .expect("answer");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("--admin-json off"), "{}", r.body);
+}
