@@ -207,7 +207,7 @@ fn node(options: &XdsOptions) -> Node {
 async fn session(
     options: &XdsOptions,
     connector: &Connector,
-    limiter: &Limiter,
+    limiter: &Arc<Limiter>,
     health: &Health,
     state: &mut State,
 ) -> Failed {
@@ -274,7 +274,26 @@ async fn session(
                 };
             }
         };
-        let reply = match apply(&response, &options.load_options, limiter) {
+        // Parsed and compiled on a blocking thread: a large push (megabytes
+        // of rules) must not hold the runtime that answers the probes.
+        let (response, applied) = {
+            let (limiter, load_options) = (limiter.clone(), options.load_options);
+            match tokio::task::spawn_blocking(move || {
+                let applied = apply(&response, &load_options, &limiter);
+                (response, applied)
+            })
+            .await
+            {
+                Ok(done) => done,
+                Err(e) => {
+                    return Failed {
+                        opened: true,
+                        reason: format!("applying the rules failed: {e}"),
+                    };
+                }
+            }
+        };
+        let reply = match applied {
             Ok(domains) => {
                 state.version = response.version_info.clone();
                 health.rules_applied(&response.version_info);

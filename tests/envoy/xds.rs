@@ -227,3 +227,80 @@ async fn without_waiting_it_is_ready_at_once_and_a_client_without_a_certificate_
         "no rules: no limit"
     );
 }
+
+/// A large push (7 domains of 17,000 descriptors, about 3.9 MB, within the
+/// default --xds-max-message-bytes) is parsed and compiled off the runtime
+/// that answers the probes: /healthcheck keeps answering within 100 ms while
+/// it loads.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_push_does_not_delay_the_probes() {
+    let xds = XdsServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
+    )
+    .await;
+    let url = format!("http://{}", xds.addr);
+    let server = Tollgate::start("", &["--rules-xds", &url]);
+    xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
+        .await;
+    let big: Vec<RateLimitConfig> = (0..7)
+        .map(|d| RateLimitConfig {
+            name: format!("customers-{d}"),
+            domain: format!("d{d}"),
+            descriptors: (0..17_000)
+                .map(|i| RateLimitDescriptor {
+                    key: "customer".into(),
+                    value: format!("cust-{i:05}"),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: RateLimitUnit::Minute as i32,
+                        requests_per_unit: 100 + i % 900,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+        .collect();
+    let bytes: usize = big.iter().map(prost::Message::encoded_len).sum();
+    assert!(bytes > 3_500_000 && bytes < 4 << 20, "{bytes} bytes");
+    // Probe as the kubelet does, until the push is in force.
+    let admin = server.admin;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probing = {
+        let done = done.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut slowest = Duration::ZERO;
+            let mut probes = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let started = std::time::Instant::now();
+                let r = http(admin, "GET", "/healthcheck", &[]).expect("health answers");
+                assert_eq!(r.status, 200, "{}", r.body);
+                slowest = slowest.max(started.elapsed());
+                probes += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (slowest, probes)
+        })
+    };
+    xds.set("v2", big);
+    xds.wait_for("the ACK of v2", |s| s.version_info == "v2")
+        .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (slowest, probes) = probing.await.expect("probing");
+    eprintln!("xds: a {bytes}-byte push: /healthcheck at most {slowest:?} over {probes} probes");
+    assert!(probes >= 5, "the push took {probes} probes' time");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "/healthcheck took {slowest:?} during the push ({probes} probes)"
+    );
+    let mut client = server.client().await;
+    let answer = ask(&mut client, request("d6", &[&[("customer", "cust-16999")]])).await;
+    assert_eq!(
+        answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(100 + 16_999 % 900)
+    );
+}
