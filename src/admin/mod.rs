@@ -179,7 +179,11 @@ async fn rlqs(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
 async fn rlconfig(State(s): State<AdminState>) -> Response {
     let rules = s.limiter.rules().to_string();
     match s.health.rules_version() {
-        Some(version) => format!("# xDS version: {version}\n{rules}").into_response(),
+        Some(version) => format!(
+            "# xDS version: {}\n{rules}",
+            crate::rules::printable(&version)
+        )
+        .into_response(),
         None => rules.into_response(),
     }
 }

@@ -204,9 +204,27 @@ impl RuleSet {
     }
 }
 
+/// `text` with its control characters escaped (`\n`, `\u{1b}`): a value
+/// from a rule file or a control plane cannot start a line of its own in
+/// one-rule-per-line output (`tollgate check`, `/rlconfig`).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.path)?;
+        write!(f, "{}: ", printable(&self.path))?;
         match &self.limit {
             None => f.write_str("unlimited")?,
             Some(l) => {
@@ -233,10 +251,10 @@ impl fmt::Display for Rule {
             }
         }
         if let Some(name) = &self.name {
-            write!(f, ", name {name}")?;
+            write!(f, ", name {}", printable(name))?;
         }
         if !self.replaces.is_empty() {
-            write!(f, ", replaces {}", self.replaces.join(","))?;
+            write!(f, ", replaces {}", printable(&self.replaces.join(",")))?;
         }
         if self.shadow_mode {
             f.write_str(", shadow mode")?;
@@ -244,7 +262,8 @@ impl fmt::Display for Rule {
         if self.quota_mode {
             f.write_str(", quota mode")?;
         }
-        write!(f, "  [{}:{}]", self.source.file.display(), self.source.line)
+        let file = self.source.file.display().to_string();
+        write!(f, "  [{}:{}]", printable(&file), self.source.line)
     }
 }
 

@@ -543,3 +543,18 @@ fn the_node_budget_is_a_bound_with_its_flag_and_large_files_load() {
     );
     assert!(!refused.contains("budget breached"), "{refused}");
 }
+
+/// One rule, one line: a value or a name with a newline (from a file or a
+/// control plane) cannot forge a line of `tollgate check` or `/rlconfig`.
+#[test]
+fn control_characters_in_rules_are_escaped_in_their_lines() {
+    let rules = load(
+        "domain: d\ndescriptors:\n  - key: k\n    value: \"x\\nforged: 1 per second\"\n    rate_limit: {unit: second, requests_per_unit: 1, name: \"a\\u001b[2Jb\"}\n",
+    )
+    .expect("loads");
+    let text = rules.to_string();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("d.k_x\\nforged"), "{text}");
+    assert!(text.contains("name a\\u{1b}[2Jb"), "{text}");
+    assert_eq!(printable("plain é"), "plain é");
+}

@@ -406,7 +406,7 @@ pub struct ServeArgs {
     pub shutdown_delay: Duration,
 
     /// Log filter (tracing syntax, e.g. `info` or `tollgate=debug`).
-    #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info", value_parser = values::parse_log_filter)]
     pub log_level: String,
 
     /// Log format.

@@ -62,7 +62,7 @@ impl ServeArgs {
             let explicit = explicit("log_level");
             adopt(
                 &mut self.log_level,
-                level.to_ascii_lowercase(),
+                super::values::reference_log_level(&level)?.to_owned(),
                 explicit,
                 "log-level",
                 "LOG_LEVEL",

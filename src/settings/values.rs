@@ -187,3 +187,86 @@ impl From<FailureModeArg> for FailureMode {
         }
     }
 }
+
+/// A log level by one of its names: `off`, `error`, `warn` (or `warning`),
+/// `info`, `debug`, `trace`, in any case; `None` for anything else.
+fn level_name(text: &str) -> Option<&'static str> {
+    Some(match text.trim().to_ascii_lowercase().as_str() {
+        "off" => "off",
+        "error" => "error",
+        "warn" | "warning" => "warn",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        _ => return None,
+    })
+}
+
+/// `--log-level`: a level (`info`), or comma-separated directives
+/// (`info,tollgate=debug`) whose levels are level names; trimmed. A word that
+/// is no level (`verbose`) would be taken by the filter for a target name and
+/// silence every line, so it is refused.
+pub(crate) fn parse_log_filter(text: &str) -> Result<String, String> {
+    let mut out = Vec::new();
+    for directive in text.split(',') {
+        let directive = directive.trim();
+        let normal = match directive.split_once('=') {
+            Some((target, level)) if !target.trim().is_empty() => {
+                let level = level_name(level).ok_or_else(|| {
+                    format!("'{directive}': '{}' is not a log level (error, warn, info, debug, trace, off)", level.trim())
+                })?;
+                format!("{}={level}", target.trim())
+            }
+            _ => level_name(directive)
+                .ok_or_else(|| {
+                    format!(
+                        "'{directive}' is not a log level (error, warn, info, debug, trace, off) nor a target=level directive"
+                    )
+                })?
+                .to_owned(),
+        };
+        out.push(normal);
+    }
+    Ok(out.join(","))
+}
+
+/// envoyproxy/ratelimit's `LOG_LEVEL` (logrus's level names, any case,
+/// trimmed) as a level: `panic` and `fatal` log as `error`.
+pub(crate) fn reference_log_level(text: &str) -> Result<&'static str, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "panic" | "fatal" => Ok("error"),
+        other => level_name(other).filter(|l| *l != "off").ok_or_else(|| {
+            format!(
+                "LOG_LEVEL={}: expected one of trace, debug, info, warn (warning), error, fatal, panic",
+                text.trim()
+            )
+        }),
+    }
+}
+
+#[cfg(test)]
+mod log_level_tests {
+    use super::{parse_log_filter, reference_log_level};
+
+    #[test]
+    fn log_levels_are_trimmed_spelled_as_the_reference_and_never_a_silent_target() {
+        assert_eq!(parse_log_filter(" info").as_deref(), Ok("info"));
+        assert_eq!(parse_log_filter("info ").as_deref(), Ok("info"));
+        assert_eq!(parse_log_filter("WARNING").as_deref(), Ok("warn"));
+        assert_eq!(
+            parse_log_filter("info, tollgate=debug").as_deref(),
+            Ok("info,tollgate=debug")
+        );
+        for bad in ["verbose", "", "tollgate=loud", "=info"] {
+            let e = parse_log_filter(bad).expect_err(bad);
+            assert!(e.contains("not a log level"), "{bad}: {e}");
+        }
+        assert_eq!(reference_log_level("warning"), Ok("warn"));
+        assert_eq!(reference_log_level(" Info "), Ok("info"));
+        assert_eq!(reference_log_level("fatal"), Ok("error"));
+        assert_eq!(reference_log_level("panic"), Ok("error"));
+        let e = reference_log_level("verbose").expect_err("refused");
+        assert!(e.starts_with("LOG_LEVEL=verbose"), "{e}");
+        assert!(reference_log_level("off").is_err(), "logrus has no off");
+    }
+}

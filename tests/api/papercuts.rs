@@ -329,3 +329,22 @@ fn version_names_the_commit_and_metrics_the_build() {
         assert!(text.contains(&commit), "{text} names {commit}");
     }
 }
+
+/// A log level that is no level would silence every line (the filter takes
+/// it for a target name): refused at start-up, naming it; the reference's
+/// `LOG_LEVEL=warning` is its warn.
+#[test]
+fn a_misspelt_log_level_is_refused_and_the_references_spellings_accepted() {
+    let run = crate::common::run_briefly(&["--log-level", "verbose"], &[]);
+    assert!(!run.started && !run.success, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("'verbose' is not a log level"),
+        "{}",
+        run.stderr
+    );
+    let run = crate::common::run_briefly(&[], &[("LOG_LEVEL", "verbose")]);
+    assert!(!run.started, "{}", run.stderr);
+    assert!(run.stderr.contains("LOG_LEVEL=verbose"), "{}", run.stderr);
+    let run = crate::common::run_briefly(&[], &[("LOG_LEVEL", "warning")]);
+    assert!(run.started, "{}", run.stderr);
+}

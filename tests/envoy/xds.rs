@@ -304,3 +304,32 @@ async fn a_large_push_does_not_delay_the_probes() {
         Some(100 + 16_999 % 900)
     );
 }
+
+/// The xDS version is the control plane's text: `/rlconfig` shows it escaped,
+/// so a newline in it cannot forge rule lines.
+#[tokio::test(flavor = "multi_thread")]
+async fn rlconfig_escapes_the_xds_version() {
+    let xds = XdsServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        Some((
+            "v1\nt.user: 1000000 per second (fixed_window)".into(),
+            vec![config("users", 2, RateLimitUnit::Hour)],
+        )),
+    )
+    .await;
+    let url = format!("http://{}", xds.addr);
+    let server = Tollgate::start("", &["--rules-xds", &url]);
+    xds.wait_for("the ACK", |s| s.version_info.starts_with("v1"))
+        .await;
+    let page = http(server.admin, "GET", "/rlconfig", &[])
+        .expect("rlconfig")
+        .body;
+    let lines: Vec<&str> = page.lines().collect();
+    assert_eq!(lines.len(), 2, "{page}");
+    assert_eq!(
+        lines[0],
+        "# xDS version: v1\\nt.user: 1000000 per second (fixed_window)"
+    );
+    assert!(lines[1].starts_with("t.user: 2 per hour"), "{page}");
+}
