@@ -89,8 +89,21 @@ pub(crate) fn reference_stats(metrics: &Metrics) -> Vec<Stat<'_>> {
     out
 }
 
+/// A character of a stat name as statsd may carry it: `:` and `|` (which end
+/// a statsd name and its value) become `_`, as the reference's
+/// `SanitizeStatName` does, and so does any control character (a newline
+/// would start a statsd line of its own).
+fn stat_char(c: char) -> char {
+    if c == ':' || c == '|' || c.is_control() {
+        '_'
+    } else {
+        c
+    }
+}
+
 /// `domain.key1.key2...` from a label set `domain="d",key1="a_b",...` (the
-/// values in order, unescaped): the reference's stat path of a limit.
+/// values in order, unescaped, each character through [`stat_char`]): the
+/// reference's stat path of a limit.
 pub(crate) fn stat_path(labels: &str) -> String {
     let mut out = String::new();
     let mut chars = labels.chars();
@@ -106,11 +119,11 @@ pub(crate) fn stat_path(labels: &str) -> String {
             match c {
                 '"' => break,
                 '\\' => match chars.next() {
-                    Some('n') => out.push('\n'),
-                    Some(other) => out.push(other),
+                    Some('n') => out.push(stat_char('\n')),
+                    Some(other) => out.push(stat_char(other)),
                     None => {}
                 },
-                other => out.push(other),
+                other => out.push(stat_char(other)),
             }
         }
     }
@@ -120,6 +133,21 @@ pub(crate) fn stat_path(labels: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A descriptor value cannot forge statsd lines: with `detailed_metric`
+    /// values go into stat names, so `x.over_limit:1000000|c` or a newline
+    /// would add increments or lines of their own at the statsd server.
+    #[test]
+    fn stat_paths_cannot_carry_statsd_syntax() {
+        assert_eq!(
+            stat_path(r#"domain="d",key1="k_x.over_limit:1000000|c:0""#),
+            "d.k_x.over_limit_1000000_c_0"
+        );
+        assert_eq!(
+            stat_path("domain=\"d\",key1=\"a\\nb.total_hits:5|c\u{1}\""),
+            "d.a_b.total_hits_5_c_"
+        );
+    }
 
     #[test]
     fn stat_paths_are_the_label_values_in_order() {
