@@ -272,14 +272,24 @@ impl XdsServer {
 
     /// Waits until a request matching `f` arrives (10 s at most).
     pub async fn wait_for(&self, what: &str, f: impl Fn(&Seen) -> bool) -> Seen {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_for_within(what, Duration::from_secs(10), f).await
+    }
+
+    /// Waits until a request matching `f` arrives, `within` at most.
+    pub async fn wait_for_within(
+        &self,
+        what: &str,
+        within: Duration,
+        f: impl Fn(&Seen) -> bool,
+    ) -> Seen {
+        let deadline = Instant::now() + within;
         loop {
             if let Some(s) = self.seen().into_iter().find(|s| f(s)) {
                 return s;
             }
             assert!(
                 Instant::now() < deadline,
-                "no {what} within 10 s: {:#?}",
+                "no {what} within {within:?}: {:#?}",
                 self.seen()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
