@@ -33,6 +33,12 @@ pub struct StatsArgs {
     #[arg(long, env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = parse_interval)]
     pub statsd_flush_interval: Duration,
 
+    /// The longest a statsd connection or flush may take over TCP; past it
+    /// the connection is dropped and made again at the next flush (a statsd
+    /// that stops reading must not stop the stats silently).
+    #[arg(long, env = "TOLLGATE_STATSD_TIMEOUT", default_value = "2s", value_parser = parse_interval)]
+    pub statsd_timeout: Duration,
+
     /// DogStatsD: tags (`--statsd-tags`) on every line.
     #[arg(long, env = "TOLLGATE_DOGSTATSD", value_enum, default_value_t = OnOff::Off)]
     pub dogstatsd: OnOff,
@@ -94,6 +100,7 @@ impl StatsArgs {
                 StatsdProtocol::Udp => Protocol::Udp,
             },
             flush_interval: self.statsd_flush_interval,
+            timeout: self.statsd_timeout,
             tags: (self.dogstatsd == OnOff::On).then(|| self.statsd_tags.clone()),
         })
     }

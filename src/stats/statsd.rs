@@ -36,6 +36,8 @@ pub struct StatsdOptions {
     pub protocol: Protocol,
     /// Time between flushes.
     pub flush_interval: Duration,
+    /// The longest a TCP connect or flush may take.
+    pub timeout: Duration,
     /// DogStatsD tags on every line (`None`: plain statsd).
     pub tags: Option<Vec<(String, String)>>,
 }
@@ -128,7 +130,7 @@ pub(crate) async fn run(options: StatsdOptions, metrics: Arc<Metrics>) {
             continue;
         }
         let result = match options.protocol {
-            Protocol::Tcp => send_tcp(&options.addr, &mut tcp, &lines).await,
+            Protocol::Tcp => send_tcp(&options.addr, &mut tcp, &lines, options.timeout).await,
             Protocol::Udp => send_udp(&options.addr, &lines).await,
         };
         match result {
@@ -151,24 +153,57 @@ pub(crate) async fn run(options: StatsdOptions, metrics: Arc<Metrics>) {
     }
 }
 
+/// Sends `lines` over the connection, made (again) when there is none or
+/// the peer has closed it; connecting and writing take `timeout` at most,
+/// past which the connection is dropped.
 async fn send_tcp(
     addr: &str,
     conn: &mut Option<tokio::net::TcpStream>,
     lines: &[String],
+    timeout: Duration,
 ) -> std::io::Result<()> {
+    let timed_out = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} took more than {timeout:?} (--statsd-timeout)"),
+        )
+    };
     let mut text = lines.join("\n");
     text.push('\n');
+    // A statsd that closed the connection since the last flush: writing
+    // would only fill the kernel's buffer and lose the lines.
+    if conn.as_ref().is_some_and(peer_closed) {
+        *conn = None;
+    }
     if conn.is_none() {
-        *conn = Some(tokio::net::TcpStream::connect(addr).await?);
+        let connect = tokio::net::TcpStream::connect(addr);
+        let stream = tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| timed_out("connecting"))??;
+        *conn = Some(stream);
     }
     let Some(stream) = conn.as_mut() else {
         return Ok(());
     };
-    if let Err(e) = stream.write_all(text.as_bytes()).await {
+    let written = match tokio::time::timeout(timeout, stream.write_all(text.as_bytes())).await {
+        Ok(result) => result,
+        Err(_) => Err(timed_out("a flush")),
+    };
+    if let Err(e) = written {
         *conn = None;
         return Err(e);
     }
     Ok(())
+}
+
+/// Whether the peer has closed `stream` (statsd sends nothing, so anything
+/// readable is the end of the stream or an error).
+fn peer_closed(stream: &tokio::net::TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.try_read(&mut byte) {
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        Ok(_) => true,
+    }
 }
 
 async fn send_udp(addr: &str, lines: &[String]) -> std::io::Result<()> {
@@ -237,5 +272,93 @@ mod tests {
         let third = flusher.lines(&metrics, None);
         assert_eq!(third.len(), 1000, "samples are bounded");
         assert!(third[0].ends_with("|ms|@0.666667"), "{}", third[0]);
+    }
+
+    /// A statsd that accepts and never reads: a flush that cannot be written
+    /// gives up within the timeout and drops the connection, instead of
+    /// waiting forever (and stopping every later flush).
+    #[tokio::test]
+    async fn a_statsd_that_stops_reading_times_out_and_is_reconnected() {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("small buffer");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
+        let listener = socket.listen(8).expect("listen");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (accepted_tx, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // Accepts, holds every connection, reads nothing.
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = accepted_tx.send(stream);
+            }
+        });
+        let lines: Vec<String> = (0..20_000)
+            .map(|i| format!("ratelimit.service.rate_limit.d.k_{i:08}.total_hits:1|c"))
+            .collect();
+        let timeout = Duration::from_millis(200);
+        let mut conn = None;
+        let mut failed = None;
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            match send_tcp(&addr, &mut conn, &lines, timeout).await {
+                Ok(()) => {}
+                Err(e) => {
+                    failed = Some((e, started.elapsed()));
+                    break;
+                }
+            }
+        }
+        let (error, took) = failed.expect("the buffers fill and a flush times out");
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+        assert!(error.to_string().contains("--statsd-timeout"), "{error}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert!(conn.is_none(), "the stuck connection is dropped");
+        // The next flush connects again.
+        let _ = send_tcp(&addr, &mut conn, &lines[..1], timeout).await;
+        for which in ["the first connection", "a new one after the timeout"] {
+            tokio::time::timeout(Duration::from_secs(5), accepted.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{which}"))
+                .expect(which);
+        }
+    }
+
+    /// A statsd that closes its connection between flushes: the next flush
+    /// notices and sends on a new connection, instead of writing its lines
+    /// into a closed one.
+    #[tokio::test]
+    async fn a_closed_connection_is_made_again_before_a_flush() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let received = tokio::spawn(async move {
+            let mut text = String::new();
+            for _ in 0..2 {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut buf = vec![0u8; 4096];
+                let n = stream.read(&mut buf).await.expect("read");
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+                // Closed after one flush.
+            }
+            text
+        });
+        let timeout = Duration::from_secs(2);
+        let mut conn = None;
+        send_tcp(&addr, &mut conn, &["a:1|c".to_string()], timeout)
+            .await
+            .expect("first flush");
+        // Let the statsd read and close.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        send_tcp(&addr, &mut conn, &["b:1|c".to_string()], timeout)
+            .await
+            .expect("second flush");
+        let text = tokio::time::timeout(Duration::from_secs(5), received)
+            .await
+            .expect("both flushes arrive")
+            .expect("joined");
+        assert_eq!(text, "a:1|c\nb:1|c\n");
     }
 }
