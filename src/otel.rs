@@ -44,6 +44,8 @@ pub struct OtelOptions {
     pub service_instance_id: Option<String>,
     /// The fraction of new traces sampled (a parent's decision wins).
     pub sampling_rate: f64,
+    /// The longest the shutdown flush may take.
+    pub shutdown_timeout: Duration,
 }
 
 /// The tracer, and the runtime its exporter runs on.
@@ -51,6 +53,7 @@ pub(crate) struct Otel {
     tracer: SdkTracer,
     provider: SdkTracerProvider,
     runtime: Option<tokio::runtime::Runtime>,
+    shutdown_timeout: Duration,
 }
 
 impl std::fmt::Debug for Otel {
@@ -116,6 +119,7 @@ impl Otel {
             tracer,
             provider,
             runtime: Some(runtime),
+            shutdown_timeout: options.shutdown_timeout,
         })
     }
 
@@ -164,12 +168,36 @@ impl Otel {
         span.end_with_timestamp(end);
     }
 
-    /// Sends what is buffered (at shutdown).
+    /// Sends what is buffered (at shutdown), for `shutdown_timeout` at most:
+    /// a collector that does not answer (each export would wait out its own
+    /// timeout, and the flush and the shutdown each export) costs the spans
+    /// still buffered, never the process's exit.
     pub(crate) fn shutdown(mut self) {
-        let _ = self.provider.force_flush();
-        let _ = self.provider.shutdown();
+        let provider = self.provider.clone();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let flushing = std::thread::Builder::new()
+            .name("tollgate-otel-flush".into())
+            .spawn(move || {
+                let flushed = provider.force_flush();
+                let _ = provider.shutdown();
+                let _ = done_tx.send(flushed);
+            });
+        let outcome = match flushing {
+            Ok(_) => done.recv_timeout(self.shutdown_timeout).ok(),
+            Err(_) => None,
+        };
+        match outcome {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the spans still buffered at shutdown were not sent")
+            }
+            None => tracing::warn!(
+                timeout = ?self.shutdown_timeout,
+                "the collector did not take the spans still buffered within --tracing-shutdown-timeout; they are dropped"
+            ),
+        }
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(1));
+            runtime.shutdown_timeout(Duration::from_millis(100));
         }
     }
 }

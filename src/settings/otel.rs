@@ -50,6 +50,12 @@ pub struct OtelArgs {
     /// from Envoy's headers, wins).
     #[arg(long, env = "TOLLGATE_TRACING_SAMPLING_RATE", default_value_t = 1.0, value_parser = parse_fraction)]
     pub tracing_sampling_rate: f64,
+
+    /// At shutdown, the longest the spans still buffered may take to reach
+    /// the collector; past it they are dropped (a hung collector must not
+    /// hold the process past Kubernetes' grace period).
+    #[arg(long, env = "TOLLGATE_TRACING_SHUTDOWN_TIMEOUT", default_value = "3s", value_parser = super::parse_duration)]
+    pub tracing_shutdown_timeout: std::time::Duration,
 }
 
 impl OtelArgs {
@@ -65,6 +71,7 @@ impl OtelArgs {
             service_namespace: self.tracing_service_namespace.clone(),
             service_instance_id: self.tracing_service_instance_id.clone(),
             sampling_rate: self.tracing_sampling_rate,
+            shutdown_timeout: self.tracing_shutdown_timeout,
         })
     }
 }

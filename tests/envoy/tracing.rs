@@ -281,3 +281,65 @@ async fn the_references_variables_export_over_http_and_b3_is_continued() {
     assert_eq!(span.service, "RateLimit", "the reference's default name");
     assert_eq!(attribute(span, "ratelimit.overall_code"), Some("OK"));
 }
+
+/// A collector that accepts connections and never answers holds the spans
+/// still buffered at shutdown for --tracing-shutdown-timeout at most: the
+/// process exits well within Kubernetes' 30 s grace period, and says what
+/// it dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_collector_does_not_hold_the_shutdown() {
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = hung.local_addr().expect("addr");
+    let held = std::thread::spawn(move || {
+        // Accepts and holds every connection; reads and answers nothing.
+        let mut held = Vec::new();
+        for stream in hung.incoming().take(16).flatten() {
+            held.push(stream);
+        }
+    });
+    let endpoint = format!("http://{addr}");
+    let mut server = Tollgate::start(
+        RULES,
+        &[
+            "--tracing",
+            "on",
+            "--tracing-protocol",
+            "grpc",
+            "--tracing-endpoint",
+            &endpoint,
+            "--tracing-shutdown-timeout",
+            "2s",
+        ],
+    );
+    for user in ["ann", "bob", "cy"] {
+        call_with(
+            &server,
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            user,
+        )
+        .await;
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    let exit = tokio::task::block_in_place(|| server.child.wait()).expect("wait");
+    let took = started.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    // --shutdown-delay (1 s) + the calls in flight (none) + the flush bound.
+    assert!(
+        took < std::time::Duration::from_secs(6),
+        "exited {took:?} after SIGTERM"
+    );
+    assert!(
+        server.log_count("within --tracing-shutdown-timeout") + server.log_count("were not sent")
+            >= 1,
+        "the dropped spans are logged"
+    );
+    drop(held);
+}
