@@ -70,6 +70,22 @@ pub struct XdsArgs {
     /// at once, with no rules).
     #[arg(long, env = "TOLLGATE_XDS_WAIT_FOR_RULES", value_enum, default_value_t = OnOff::On)]
     pub xds_wait_for_rules: OnOff,
+
+    /// HTTP/2 keepalive on the xDS connection: a PING this often, and the
+    /// connection dropped (then made again) when one is not answered within
+    /// --xds-keepalive-timeout: a control plane whose network path froze is
+    /// noticed.
+    #[arg(long, env = "TOLLGATE_XDS_KEEPALIVE", default_value = "30s", value_parser = parse_duration)]
+    pub xds_keepalive: Duration,
+
+    /// How long a keepalive PING may go unanswered.
+    #[arg(long, env = "TOLLGATE_XDS_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub xds_keepalive_timeout: Duration,
+
+    /// The longest the xDS server may take to answer the opening of a
+    /// stream; past it the attempt is logged and made again.
+    #[arg(long, env = "TOLLGATE_XDS_OPEN_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub xds_open_timeout: Duration,
 }
 
 /// `key=value`.
@@ -136,6 +152,9 @@ impl XdsArgs {
             },
             max_message_bytes: self.xds_max_message_bytes,
             ready_without_rules: self.xds_wait_for_rules == OnOff::Off,
+            keepalive: self.xds_keepalive,
+            keepalive_timeout: self.xds_keepalive_timeout,
+            open_timeout: self.xds_open_timeout,
             load_options,
         }))
     }

@@ -87,6 +87,12 @@ pub struct XdsOptions {
     /// Ready before the first rules arrive (with none).
     pub ready_without_rules: bool,
     /// How rule texts are loaded.
+    /// HTTP/2 keepalive PINGs this often on the connection.
+    pub keepalive: Duration,
+    /// How long a PING may go unanswered before the connection is dropped.
+    pub keepalive_timeout: Duration,
+    /// How long the server may take to answer the opening of a stream.
+    pub open_timeout: Duration,
     pub load_options: LoadOptions,
 }
 
@@ -261,7 +267,13 @@ async fn session(
     };
     let endpoint =
         match tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", options.addr)) {
-            Ok(e) => e.connect_timeout(options.connect_retry.max(Duration::from_secs(1))),
+            Ok(e) => e
+                .connect_timeout(options.connect_retry.max(Duration::from_secs(1)))
+                // A frozen path to the control plane is noticed: an
+                // unanswered PING drops the connection, and it is made again.
+                .http2_keep_alive_interval(options.keepalive)
+                .keep_alive_timeout(options.keepalive_timeout)
+                .keep_alive_while_idle(true),
             Err(e) => return not_opened(format!("bad xDS server address: {e}")),
         };
     let channel = match endpoint.connect_with_connector(connector.clone()).await {
@@ -292,9 +304,22 @@ async fn session(
         };
         request.metadata_mut().insert(name, value);
     }
-    let mut responses = match client.stream_aggregated_resources(request).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return not_opened(format!("stream refused: {status}")),
+    // A server that accepts the connection and never answers is given up
+    // on, logged, and tried again.
+    let opened = tokio::time::timeout(
+        options.open_timeout,
+        client.stream_aggregated_resources(request),
+    )
+    .await;
+    let mut responses = match opened {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(status)) => return not_opened(format!("stream refused: {status}")),
+        Err(_) => {
+            return not_opened(format!(
+                "no answer within {:?} (--xds-open-timeout)",
+                options.open_timeout
+            ));
+        }
     };
     tracing::info!(server = %options.addr, node = %options.node_id, "xDS stream for rate limit rules open");
     loop {

@@ -401,3 +401,146 @@ async fn a_nack_is_bounded_and_an_identical_one_is_logged_once() {
         "the rules in force stay"
     );
 }
+
+/// A server that accepts the connection and never speaks is given up on
+/// within --xds-open-timeout, logged, and tried again (it was waited on
+/// forever, silently).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_control_plane_is_given_up_on_and_retried() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let accepted = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in silent.incoming().take(64).flatten() {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+    }
+    let url = format!("http://{addr}");
+    let server = Tollgate::start(
+        "",
+        &[
+            "--rules-xds",
+            &url,
+            "--xds-wait-for-rules",
+            "off",
+            "--xds-open-timeout",
+            "500ms",
+            "--xds-connect-retry",
+            "100ms",
+        ],
+    );
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        crate::common::wait_until("two attempts given up", Duration::from_secs(15), || {
+            t.log_count("no answer within 500ms (--xds-open-timeout)") >= 2
+        })
+    });
+    assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+}
+
+/// A TCP path that can freeze: bytes stop flowing both ways, the sockets
+/// stay open (a network partition, not a closed connection).
+struct Freezable {
+    addr: SocketAddr,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Freezable {
+    async fn start(upstream: SocketAddr) -> Freezable {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (mut from, mut to, gate) in [
+                    (
+                        Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                        gate.clone(),
+                    ),
+                    (Box::new(sr) as _, Box::new(cw) as _, gate.clone()),
+                ] {
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            // Frozen: what was read is never delivered.
+                            while gate.load(std::sync::atomic::Ordering::SeqCst) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Freezable { addr, frozen }
+    }
+
+    fn freeze(&self, on: bool) {
+        self.frozen.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// When the path to the control plane freezes, the keepalive PING goes
+/// unanswered, the connection is dropped and logged, and a new one brings
+/// the rules pushed meanwhile (the rules stayed stale, silently, forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_path_to_the_control_plane_is_noticed_and_left() {
+    let xds = XdsServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
+    )
+    .await;
+    let path = Freezable::start(xds.addr).await;
+    let url = format!("http://{}", path.addr);
+    let server = Tollgate::start(
+        "",
+        &[
+            "--rules-xds",
+            &url,
+            "--xds-keepalive",
+            "200ms",
+            "--xds-keepalive-timeout",
+            "300ms",
+            "--xds-connect-retry",
+            "100ms",
+            "--xds-backoff-initial",
+            "100ms",
+        ],
+    );
+    xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
+        .await;
+    path.freeze(true);
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        crate::common::wait_until("the frozen stream is left", Duration::from_secs(10), || {
+            t.log_count("xDS stream for rate limit rules ended") >= 1
+        })
+    });
+    xds.set("v2", vec![config("users", 7, RateLimitUnit::Hour)]);
+    path.freeze(false);
+    xds.wait_for("the ACK of v2", |s| s.version_info == "v2")
+        .await;
+    assert_eq!(remaining(&server, "eve").await, 6);
+}
