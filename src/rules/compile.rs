@@ -57,7 +57,11 @@ impl Compiler {
     }
 
     pub(super) fn add_file(&mut self, file: &Path, text: &str) {
-        let raw: RawFile = match parse(text, self.options.max_rule_nodes) {
+        let bounds = super::file::Bounds {
+            nodes: self.options.max_rule_nodes,
+            depth: self.options.max_rule_depth,
+        };
+        let raw: RawFile = match parse(text, bounds) {
             Ok(raw) => raw,
             Err(errors) => {
                 for (pos, message) in errors {

@@ -136,9 +136,9 @@ impl<'de> Deserialize<'de> for Count {
 /// Parses one file's text. The errors carry the parser's line and column
 /// when it knows them: one per top-level descriptor that has one (see
 /// [`each_descriptors_error`]), so one schema error does not hide the rest.
-pub(crate) fn parse(text: &str, max_nodes: usize) -> Result<RawFile, Vec<ParseError>> {
-    parse_once(text, max_nodes).map_err(|first| {
-        let mut errors = each_descriptors_error(text, max_nodes);
+pub(crate) fn parse(text: &str, bounds: Bounds) -> Result<RawFile, Vec<ParseError>> {
+    parse_once(text, bounds).map_err(|first| {
+        let mut errors = each_descriptors_error(text, bounds);
         if !errors.contains(&first) {
             errors.insert(0, first);
         }
@@ -167,7 +167,7 @@ struct Outline {
 /// descriptors' lines are blank (so line numbers hold): its first error, if
 /// any. Empty when the descriptors cannot be told apart by line (a flow list
 /// on one line, or a file that does not parse even loosely).
-fn each_descriptors_error(text: &str, max_nodes: usize) -> Vec<ParseError> {
+fn each_descriptors_error(text: &str, bounds: Bounds) -> Vec<ParseError> {
     let Ok(Some(outline)) = serde_saphyr::from_str::<Option<Outline>>(text) else {
         return Vec::new();
     };
@@ -203,20 +203,31 @@ fn each_descriptors_error(text: &str, max_nodes: usize) -> Vec<ParseError> {
             })
             .collect::<Vec<_>>()
             .join("\n");
-        if let Err(error) = parse_once(&alone, max_nodes) {
+        if let Err(error) = parse_once(&alone, bounds) {
             errors.push(error);
         }
     }
     errors
 }
 
-fn parse_once(text: &str, max_nodes: usize) -> Result<RawFile, ParseError> {
+/// The parser's bounds on one rule file: its YAML nodes (`--max-rule-nodes`)
+/// and its descriptor nesting (`--max-rule-depth`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub(crate) nodes: usize,
+    pub(crate) depth: usize,
+}
+
+fn parse_once(text: &str, bounds: Bounds) -> Result<RawFile, ParseError> {
     let mut options = serde_saphyr::Options::default();
-    // The node budget is ours (--max-rule-nodes): a file of many per-customer
-    // rules is a real use. Events are about two per node.
+    // The budget is ours: a file of many per-customer rules is a real use.
+    // Events are about two per node. A level of descriptors is two levels of
+    // YAML (a list of mappings); the file's mapping and the deepest limit's
+    // add two.
     let mut budget = serde_saphyr::Budget::default();
-    budget.max_nodes = max_nodes;
-    budget.max_events = max_nodes.saturating_mul(3);
+    budget.max_nodes = bounds.nodes;
+    budget.max_events = bounds.nodes.saturating_mul(3);
+    budget.max_depth = bounds.depth.saturating_mul(2).saturating_add(2);
     options.budget = Some(budget);
     // Our own message names the file, line and column; the parser's snippet
     // would repeat them across several lines.
@@ -238,18 +249,29 @@ fn parse_once(text: &str, max_nodes: usize) -> Result<RawFile, ParseError> {
             if let Some(i) = message.rfind(" at line ") {
                 message.truncate(i);
             }
-            (at, explain(text, at, message, max_nodes))
+            (at, explain(text, at, message, bounds))
         })
 }
 
 /// The parser's message in the words of a rule file's author: what the YAML
 /// library says about its own options becomes what to change in the file.
-fn explain(text: &str, at: Option<(u32, u32)>, message: String, max_nodes: usize) -> String {
+fn explain(text: &str, at: Option<(u32, u32)>, message: String, bounds: Bounds) -> String {
     if message.contains("budget breached") {
-        return format!(
-            "the file has more than {max_nodes} YAML nodes (--max-rule-nodes, about 11 per \
-             descriptor with a limit): raise the bound or split the file"
-        );
+        if message.contains("Depth") {
+            return format!(
+                "descriptors are nested more than {} deep (--max-rule-depth): raise the bound or \
+                 flatten the rules",
+                bounds.depth
+            );
+        }
+        if message.contains("Nodes") || message.contains("Events") {
+            return format!(
+                "the file has more than {} YAML nodes (--max-rule-nodes, about 11 per \
+                 descriptor with a limit): raise the bound or split the file",
+                bounds.nodes
+            );
+        }
+        return format!("the file is past a bound of the YAML parser: {message}");
     }
     let lines: Vec<&str> = text.lines().collect();
     if let Some(key) = message

@@ -27,7 +27,17 @@ pub struct LoadOptions {
     /// (`--max-rule-nodes`): a bound on the parser's work and memory. About
     /// 11 per descriptor with a limit.
     pub max_rule_nodes: usize,
+    /// The deepest descriptor nesting a rule file may have
+    /// (`--max-rule-depth`): a bound on the parser's and compiler's stack.
+    pub max_rule_depth: usize,
 }
+
+/// `--max-rule-depth`'s default: descriptors nested 16 deep. Parsing and
+/// compiling recurse per level: at this depth a rule file loads even on a
+/// 2 MiB stack (tokio's default for blocking threads) in a debug build (a
+/// test holds it; 20 levels did not), and the server loads rules on 8 MiB
+/// stacks.
+pub const DEFAULT_MAX_RULE_DEPTH: usize = 16;
 
 /// `--max-rule-nodes`'s default: about 180,000 descriptors with a limit in
 /// one file.
@@ -45,6 +55,7 @@ impl Default for LoadOptions {
             time_zone: Zone::get("UTC").expect("UTC is in the bundled time zone database"),
             algorithm_override: None,
             max_rule_nodes: DEFAULT_MAX_RULE_NODES,
+            max_rule_depth: DEFAULT_MAX_RULE_DEPTH,
         }
     }
 }

@@ -23,7 +23,10 @@ use crate::clock::NANOS_PER_SEC;
 
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
-pub use load::{DEFAULT_MAX_RULE_NODES, LoadOptions, load_paths, load_sources, rule_files};
+pub use load::{
+    DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, LoadOptions, load_paths, load_sources,
+    rule_files,
+};
 pub use matcher::{Matched, WalkedEntries};
 
 /// What to answer for a limit when its store cannot decide.

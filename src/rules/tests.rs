@@ -558,3 +558,47 @@ fn control_characters_in_rules_are_escaped_in_their_lines() {
     assert!(text.contains("name a\\u{1b}[2Jb"), "{text}");
     assert_eq!(printable("plain é"), "plain é");
 }
+
+/// Nesting is a bound with its flag: up to --max-rule-depth loads (here on
+/// a test thread's 2 MiB stack, as a reload's blocking thread has), and past
+/// it the error names the bound, not the YAML library.
+#[test]
+fn deep_nesting_loads_up_to_its_named_bound() {
+    let levels = DEFAULT_MAX_RULE_DEPTH;
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for level in 0..levels - 1 {
+        let indent = "  ".repeat(2 * level + 1);
+        text.push_str(&format!(
+            "{indent}- key: k{level}\n{indent}  descriptors:\n"
+        ));
+    }
+    let indent = "  ".repeat(2 * (levels - 1) + 1);
+    text.push_str(&format!(
+        "{indent}- key: last\n{indent}  rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+    ));
+    let rules = load(&text).expect("the default depth loads");
+    assert_eq!(rules.rules().len(), 1);
+    let shallow = LoadOptions {
+        max_rule_depth: levels - 1,
+        ..LoadOptions::default()
+    };
+    let refused = load_sources(&[(PathBuf::from("deep.yaml"), text)], &shallow)
+        .expect_err("past the bound")
+        .to_string();
+    assert!(
+        refused.contains(&format!(
+            "nested more than {} deep (--max-rule-depth)",
+            levels - 1
+        )),
+        "{refused}"
+    );
+    // A hostile file far deeper is refused as soon as the parser gets there,
+    // on this same 2 MiB stack: never a stack overflow.
+    let mut hostile = String::from("domain: d\ndescriptors:\n");
+    for level in 0..500 {
+        let indent = " ".repeat(2 * level + 1);
+        hostile.push_str(&format!("{indent}- key: k\n{indent}  descriptors:\n"));
+    }
+    let refused = load(&hostile).expect_err("refused").to_string();
+    assert!(refused.contains("--max-rule-depth"), "{refused}");
+}

@@ -195,6 +195,10 @@ pub(crate) fn run(
     }
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // Rule files and xDS pushes are loaded on this runtime's blocking
+        // threads, recursing per level of descriptors: the main thread's
+        // stack, not tokio's 2 MiB default (--max-rule-depth bounds the rest).
+        .thread_stack_size(8 << 20)
         .build()?
         .block_on(control)?;
     for thread in threads {

@@ -28,6 +28,11 @@ pub struct RuleLoadArgs {
     /// 11 per descriptor with a limit. A bound on the parser's work and memory.
     #[arg(long, env = "TOLLGATE_MAX_RULE_NODES", default_value_t = crate::rules::DEFAULT_MAX_RULE_NODES, value_parser = clap::value_parser!(usize))]
     pub max_rule_nodes: usize,
+
+    /// The deepest descriptor nesting in one rule file (levels of
+    /// `descriptors:`). A bound on the parser's and compiler's stack.
+    #[arg(long, env = "TOLLGATE_MAX_RULE_DEPTH", default_value_t = crate::rules::DEFAULT_MAX_RULE_DEPTH, value_parser = clap::value_parser!(usize))]
+    pub max_rule_depth: usize,
 }
 
 impl RuleLoadArgs {
@@ -39,6 +44,7 @@ impl RuleLoadArgs {
             time_zone: self.time_zone,
             algorithm_override: None,
             max_rule_nodes: self.max_rule_nodes,
+            max_rule_depth: self.max_rule_depth,
         }
     }
 }
