@@ -44,7 +44,16 @@ pub struct Limiter {
     /// Shown every decided request (the candidate rules), whichever
     /// adapter asked (gRPC or `/json`).
     observer: std::sync::OnceLock<Arc<dyn Observer>>,
+    /// Rule path -> when its counter restart was last logged: a rule that
+    /// flaps between two definitions is logged once per
+    /// [`RESTART_LOG_EVERY`], not on every reload.
+    restarts_logged: parking_lot::Mutex<std::collections::HashMap<String, Nanos>>,
 }
+
+/// A rule's counter restarts are logged at most this often.
+const RESTART_LOG_EVERY: Nanos = 60 * crate::clock::NANOS_PER_SEC;
+/// Rules whose last restart log is remembered (beyond, the memory is reset).
+const RESTART_LOG_RULES: usize = 10_000;
 
 /// Refusal-log entries kept before the oldest windows are forgotten.
 const REFUSAL_LOG_KEYS: usize = 100_000;
@@ -88,6 +97,7 @@ impl Limiter {
             )),
             refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
             observer: std::sync::OnceLock::new(),
+            restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -127,15 +137,37 @@ impl Limiter {
 
     /// Swaps in a new rule set; requests in flight finish on the old one.
     /// Rules whose counters start afresh (a new algorithm, period or zone)
-    /// are logged at warn, at most 20 of them by name.
+    /// are logged at warn, at most 20 of them by name, and each rule at most
+    /// once a minute (a rule flapping between two definitions would log on
+    /// every reload).
     pub fn set_rules(&self, rules: RuleSet) {
         let restarted = crate::rules::restarted_counters(&self.rules.load(), &rules);
-        for change in restarted.iter().take(20) {
+        let now = self.clock.now();
+        let mut logged = self.restarts_logged.lock();
+        if logged.len() >= RESTART_LOG_RULES {
+            logged.clear();
+        }
+        let mut to_log = Vec::new();
+        let mut quiet = 0usize;
+        for change in &restarted {
+            let path = change.split(':').next().unwrap_or(change).to_owned();
+            match logged.get(&path) {
+                Some(at) if now.saturating_sub(*at) < RESTART_LOG_EVERY => quiet += 1,
+                _ => {
+                    logged.insert(path, now);
+                    to_log.push(change);
+                }
+            }
+        }
+        drop(logged);
+        for change in to_log.iter().take(20) {
             tracing::warn!(change = %change, "rule changed: counters restart");
         }
-        if restarted.len() > 20 {
+        // Rules logged less than a minute ago are only counted, in this line
+        // when there is one: a flapping rule alone logs nothing more.
+        if to_log.len() > 20 || (quiet > 0 && !to_log.is_empty()) {
             tracing::warn!(
-                more = restarted.len() - 20,
+                more = to_log.len().saturating_sub(20) + quiet,
                 "more rules changed algorithm, period or zone: their counters restart"
             );
         }

@@ -354,3 +354,48 @@ async fn global_quota_mode_refuses_only_when_every_descriptor_is_over() {
     let third = limiter.should_rate_limit(&req(both)).await.expect("ok");
     assert!(third.over_limit, "both are over");
 }
+
+/// Counts the warnings logged while it is the thread's subscriber.
+#[derive(Clone, Default)]
+struct Warnings(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// A rule that flaps between two definitions (a reload every 250 ms, say)
+/// restarts its counters each time, but is logged once a minute, not on
+/// every reload.
+#[test]
+fn a_flapping_rule_logs_its_restart_once_a_minute() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let a = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let b = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}\n";
+    let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
+    let limiter = Limiter::in_memory(RuleSet::from_yaml(a).expect("a"), Arc::new(clock.clone()));
+    let warnings = Warnings::default();
+    let subscriber = tracing_subscriber::registry().with(warnings.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        for i in 0..40 {
+            let next = if i % 2 == 0 { b } else { a };
+            limiter.set_rules(RuleSet::from_yaml(next).expect("rules"));
+            clock.advance(Duration::from_millis(250));
+        }
+        assert_eq!(
+            warnings.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "10 s of flapping"
+        );
+        clock.advance(Duration::from_secs(60));
+        limiter.set_rules(RuleSet::from_yaml(b).expect("b"));
+    });
+    assert_eq!(
+        warnings.0.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "logged again a minute later"
+    );
+}
