@@ -96,9 +96,9 @@ pub struct SimulateArgs {
     /// How rule files are read.
     #[command(flatten)]
     pub rule_load: RuleLoadArgs,
-    /// The most requests read and generated together (each costs about 130
-    /// bytes for the run).
-    #[arg(long, default_value_t = 20_000_000, value_parser = at_least_one)]
+    /// The most requests read and generated together: each is held for the
+    /// run, about 250 bytes of memory (so about 1 GB at the default).
+    #[arg(long, default_value_t = 4_000_000, value_parser = at_least_one)]
     pub max_events: usize,
 }
 

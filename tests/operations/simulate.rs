@@ -306,3 +306,27 @@ fn bad_input_is_named() {
     ]);
     assert!(stderr.contains("give a wider --bin"), "{stderr}");
 }
+
+/// A run longer than --max-events is refused before any traffic is made,
+/// naming the bound: 12,000,000 generated requests (about 3 GB held, the
+/// review's run reached 2 GB in 7 s) stop at once with the default.
+#[test]
+fn a_run_past_max_events_is_refused_before_it_starts() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/simulate/rules.yaml");
+    let started = std::time::Instant::now();
+    let error = simulate_fails(&[
+        "--rules",
+        rules,
+        "--generate",
+        "rate=1200000,seconds=10,domain=shop,key=client",
+    ]);
+    assert!(
+        error.contains("more than the 4000000 left of --max-events 4000000"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "refused up front, not after generating: {:?}",
+        started.elapsed()
+    );
+}
