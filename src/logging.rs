@@ -70,6 +70,41 @@ impl Summarised {
 
 static REFUSALS: Summarised = Summarised::new();
 static REDIS_WARNINGS: Summarised = Summarised::new();
+/// The tracing exporter's warnings and errors (a collector that refuses or
+/// does not answer): summarised, as one batch fails every few seconds.
+static EXPORT_FAILURES: Summarised = Summarised::new();
+
+/// The targets of the OpenTelemetry crates' own log events.
+const OTEL_TARGETS: [&str; 3] = ["opentelemetry", "opentelemetry_sdk", "opentelemetry-otlp"];
+
+/// The layer that sees the OpenTelemetry crates' warnings and errors.
+struct ExportFailures;
+
+/// Every field of an event, `name=value` separated by spaces.
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if !self.0.is_empty() {
+            self.0.push(' ');
+        }
+        let _ = write!(self.0, "{}={value:?}", field.name());
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for ExportFailures {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        if *meta.level() <= tracing::Level::WARN
+            && OTEL_TARGETS.iter().any(|t| meta.target().starts_with(t))
+        {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            EXPORT_FAILURES.record(&fields.0);
+        }
+    }
+}
 
 tokio::task_local! {
     /// Set while a gRPC server connection is served: the HTTP/2 library's
@@ -191,6 +226,7 @@ impl Quiet {
 fn log_summaries_forever() {
     let mut refused = Quiet::new(REFUSED_LOG_INTERVAL);
     let mut redis = Quiet::new(REFUSED_LOG_INTERVAL);
+    let mut export = Quiet::new(REFUSED_LOG_INTERVAL);
     loop {
         std::thread::sleep(Duration::from_secs(1));
         if let Some((total, new, last)) = refused.tick(&REFUSALS) {
@@ -200,6 +236,14 @@ fn log_summaries_forever() {
                 last_reason = %last,
                 "gRPC calls or connections refused at the HTTP/2 protocol level \
                  (Envoy answers these from its failure_mode_deny)"
+            );
+        }
+        if let Some((total, new, last)) = export.tick(&EXPORT_FAILURES) {
+            tracing::warn!(
+                failures = new,
+                total,
+                last = %last,
+                "spans could not be exported to the collector (summarised: at most one line per 10 s)"
             );
         }
         if let Some((total, new, last)) = redis.tick(&REDIS_WARNINGS) {
@@ -227,6 +271,13 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
                 .parse()
                 .map_err(|e| format!("{e}"))?,
         );
+    // The OpenTelemetry crates' own events are summarised too.
+    let filter = OTEL_TARGETS.iter().try_fold(filter, |f, t| {
+        format!("{t}=off")
+            .parse()
+            .map(|d| f.add_directive(d))
+            .map_err(|e| format!("{e}"))
+    })?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let output = if json {
         tracing_subscriber::fmt::layer()
@@ -244,9 +295,16 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
     };
     let refusals =
         Refusals.with_filter(Targets::new().with_target(REFUSED_TARGET, tracing::Level::WARN));
+    // Filtered to the OpenTelemetry crates' warnings: an unfiltered layer
+    // would enable every event of every crate.
+    let export_failures =
+        ExportFailures.with_filter(OTEL_TARGETS.iter().fold(Targets::new(), |t, target| {
+            t.with_target(*target, tracing::Level::WARN)
+        }));
     tracing_subscriber::registry()
         .with(output)
         .with(refusals)
+        .with(export_failures)
         .try_init()
         .map_err(|e| e.to_string())?;
     log::set_boxed_logger(Box::new(LogBridge)).map_err(|e| e.to_string())?;

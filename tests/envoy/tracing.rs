@@ -343,3 +343,51 @@ async fn a_hung_collector_does_not_hold_the_shutdown() {
     );
     drop(held);
 }
+
+/// A collector that refuses connections: the failed exports are logged,
+/// summarised (at most one line per 10 s), not silent.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_exports_are_logged_once_per_interval() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let endpoint = format!("http://{closed}");
+    let server = Tollgate::start_with_env(
+        RULES,
+        &[
+            "--tracing",
+            "on",
+            "--tracing-protocol",
+            "http",
+            "--tracing-endpoint",
+            &endpoint,
+        ],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    for user in ["ann", "bob"] {
+        call_with(
+            &server,
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            user,
+        )
+        .await;
+    }
+    let t = &server;
+    tokio::task::block_in_place(|| {
+        crate::common::wait_until(
+            "the failed export is logged",
+            Duration::from_secs(15),
+            || t.log_count("spans could not be exported") >= 1,
+        )
+    });
+    assert_eq!(
+        server.log_count("spans could not be exported"),
+        1,
+        "summarised, not a line per failed batch"
+    );
+}
