@@ -18,6 +18,7 @@
 //! server can tell what this instance has.
 
 mod connect;
+mod nack;
 pub(crate) mod resource;
 
 use std::path::PathBuf;
@@ -107,45 +108,8 @@ struct Failed {
 #[derive(Default)]
 struct State {
     version: String,
-    /// The last NACK logged: its errors' hash, when, and how many identical
-    /// NACKs were not logged since.
-    last_nack: Option<(u64, std::time::Instant, u64)>,
-}
-
-/// The most errors a NACK carries (the rest are counted), and its most
-/// bytes: a control plane's own receive limit (grpc-go's 4 MiB) must never
-/// be what a refused push runs into.
-const NACK_ERRORS: usize = 20;
-const NACK_BYTES: usize = 8 * 1024;
-/// An identical NACK is logged again at most this often.
-const NACK_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// `errors` (one per line) as a NACK carries them: the first
-/// [`NACK_ERRORS`], within [`NACK_BYTES`], then how many more there are.
-fn nack_message(errors: &str) -> String {
-    let total = errors.lines().count();
-    let mut out = String::new();
-    let mut shown = 0;
-    for line in errors.lines().take(NACK_ERRORS) {
-        let room = NACK_BYTES.saturating_sub(out.len() + 64);
-        if room == 0 {
-            break;
-        }
-        let mut end = line.len().min(room);
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.push_str(&line[..end]);
-        if end < line.len() {
-            out.push_str(" ...");
-        }
-        out.push('\n');
-        shown += 1;
-    }
-    if total > shown {
-        out.push_str(&format!("... and {} more errors\n", total - shown));
-    }
-    out
+    /// The NACKs sent, for their log lines.
+    nacks: nack::Nacks,
 }
 
 /// Fetches rules from the xDS server for as long as the process runs.
@@ -375,33 +339,7 @@ async fn session(
                 }
             }
             Err(errors) => {
-                let errors = nack_message(&errors);
-                // A control plane that re-sends after each NACK must not
-                // flood the log: an identical NACK once per interval.
-                let hash = {
-                    use std::hash::{Hash, Hasher};
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    errors.hash(&mut h);
-                    h.finish()
-                };
-                match &mut state.last_nack {
-                    Some((last, at, repeated))
-                        if *last == hash && at.elapsed() < NACK_LOG_EVERY =>
-                    {
-                        *repeated += 1;
-                    }
-                    last => {
-                        // Identical NACKs not logged since the last line.
-                        let suppressed = last.map_or(0, |(_, _, r)| r);
-                        tracing::error!(
-                            version = %crate::rules::printable(&response.version_info),
-                            errors = %errors,
-                            suppressed,
-                            "rules from xDS refused (NACK); the rules in force stay"
-                        );
-                        *last = Some((hash, std::time::Instant::now(), 0));
-                    }
-                }
+                let errors = state.nacks.refused(&errors, &response.version_info);
                 DiscoveryRequest {
                     version_info: state.version.clone(),
                     response_nonce: response.nonce.clone(),
