@@ -150,11 +150,10 @@ impl Limiter {
         let mut to_log = Vec::new();
         let mut quiet = 0usize;
         for change in &restarted {
-            let path = change.split(':').next().unwrap_or(change).to_owned();
-            match logged.get(&path) {
+            match logged.get(&change.rule) {
                 Some(at) if now.saturating_sub(*at) < RESTART_LOG_EVERY => quiet += 1,
                 _ => {
-                    logged.insert(path, now);
+                    logged.insert(change.rule.clone(), now);
                     to_log.push(change);
                 }
             }

@@ -7,9 +7,23 @@ use std::collections::HashMap;
 
 use super::{Limit, RuleSet};
 
-/// One line per rule of `new` that `old` had with a different counter key:
-/// what changed, and that its counters start afresh.
-pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<String> {
+/// A rule whose counters a new rule set restarts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restart {
+    /// The rule's path (`domain.key_value...`).
+    pub rule: String,
+    /// What changed, and that its counters start afresh, in one line.
+    pub line: String,
+}
+
+impl std::fmt::Display for Restart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line)
+    }
+}
+
+/// Every rule of `new` that `old` had with a different counter key.
+pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<Restart> {
     let before: HashMap<(&str, Option<&str>), &Limit> = old
         .rules()
         .iter()
@@ -20,15 +34,9 @@ pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<String> {
         .filter_map(|rule| {
             let now = rule.limit.as_ref()?;
             let was = before.get(&(rule.path.as_str(), rule.name.as_deref()))?;
-            // What counters are keyed by (a zone by its key: a link and its
-            // zone count alike), and what people read.
-            let counted = |l: &Limit| {
-                (
-                    l.algorithm.name(),
-                    l.unit
-                        .period_name(l.unit_multiplier, l.calendar.map(|z| z.key())),
-                )
-            };
+            // What a counter's key names (a zone compares by its key: a link
+            // and its zone count alike).
+            let counted = |l: &Limit| (l.algorithm, l.unit, l.unit_multiplier, l.calendar);
             let shown = |l: &Limit| {
                 (
                     l.algorithm.name(),
@@ -36,12 +44,15 @@ pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<String> {
                         .period_name(l.unit_multiplier, l.calendar.map(|z| z.name())),
                 )
             };
-            let (from, to) = (shown(was), shown(now));
             (counted(was) != counted(now)).then(|| {
-                format!(
-                    "{}: {} per {} became {} per {}; its counters start from zero",
-                    rule.path, from.0, from.1, to.0, to.1
-                )
+                let (from, to) = (shown(was), shown(now));
+                Restart {
+                    rule: rule.path.clone(),
+                    line: format!(
+                        "{}: {} per {} became {} per {}; its counters start from zero",
+                        rule.path, from.0, from.1, to.0, to.1
+                    ),
+                }
             })
         })
         .collect()

@@ -11,7 +11,7 @@ mod limit;
 mod load;
 mod matcher;
 
-pub use changes::restarted_counters;
+pub use changes::{Restart, restarted_counters};
 
 use std::fmt;
 use std::path::PathBuf;

@@ -431,14 +431,18 @@ fn a_changed_algorithm_period_or_zone_is_reported_as_restarting_counters() {
     .expect("rules");
     let changes = restarted_counters(&before, &after);
     assert_eq!(changes.len(), 2, "{changes:?}");
+    assert_eq!(
+        changes[0].rule, "d.a",
+        "the rule, not parsed back from the line"
+    );
     assert!(
-        changes[0].contains("d.a")
-            && changes[0].contains("Europe/Berlin")
-            && changes[0].contains("Asia/Tokyo"),
+        changes[0].line.contains("d.a")
+            && changes[0].line.contains("Europe/Berlin")
+            && changes[0].line.contains("Asia/Tokyo"),
         "{changes:?}"
     );
     assert!(
-        changes[1].contains("d.b") && changes[1].contains("5minute"),
+        changes[1].line.contains("d.b") && changes[1].line.contains("5minute"),
         "{changes:?}"
     );
 }
