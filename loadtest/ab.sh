@@ -7,6 +7,7 @@
 # runs: read the pairs, not one run.
 #   loadtest/ab.sh DIR_A DIR_B          # each DIR holds tollgate and tollgate-load
 #   PAIRS=10 loadtest/ab.sh /tmp/before target/release
+#   SERVE_ARGS="--candidate-rules loadtest/rules-grpc.yaml" loadtest/ab.sh A B   # more serve flags, both sides
 # Keep a build for later with: cp target/release/tollgate{,-load} /tmp/before/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ for i in $(seq 1 "${PAIRS:-5}"); do
         dir=$1; [ "$side" = B ] && dir=$2
         port=$(free_port)
         taskset -c 0 "$dir/tollgate" serve --rules loadtest/rules-grpc.yaml --grpc-addr "127.0.0.1:$port" \
-            --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 >/dev/null 2>&1 &
+            --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 ${SERVE_ARGS:-} >/dev/null 2>&1 &
         server=$!
         wait_port "$port"
         hot=$(taskset -c 1 h2load -D 6 --warm-up-time 2 -c 16 -m 4 -t 1 -d "$work/body.bin" \

@@ -16,6 +16,7 @@ use crate::limiter::{Decision, Limiter, LimiterOptions, Observer, Request};
 use crate::metrics::candidate::{CandidateMetrics, CandidateRule};
 use crate::report::{Bin, RuleResult, ScenarioResult};
 use crate::rules::RuleSet;
+use crate::shards::PerThread;
 use crate::store::{MemoryStore, MemoryStoreOptions, Store};
 
 /// Width of the kept bins.
@@ -54,11 +55,83 @@ struct Counts {
     looser: u64,
 }
 
+impl Counts {
+    /// Adds `other` (another thread's counts) to these: totals summed, bins
+    /// of the same number summed (their peaks: the higher), at most
+    /// [`MAX_RULES`] rules.
+    fn merge(&mut self, other: &Counts) {
+        self.same += other.same;
+        self.stricter += other.stricter;
+        self.looser += other.looser;
+        merge_bins(
+            &mut self.requests,
+            &other.requests,
+            |(b, _)| *b,
+            |(_, a), (_, o)| {
+                a.requests += o.requests;
+                a.refused += o.refused;
+            },
+        );
+        for (rule, theirs) in &other.rules {
+            let full = self.rules.len() >= MAX_RULES;
+            let ours = match self.rules.get_mut(rule) {
+                Some(ours) => ours,
+                None if full => continue,
+                None => self
+                    .rules
+                    .entry(rule.clone())
+                    .or_insert_with(|| RuleCounts {
+                        limit_per_second: theirs.limit_per_second,
+                        limit: theirs.limit.clone(),
+                        ..RuleCounts::default()
+                    }),
+            };
+            ours.requests += theirs.requests;
+            ours.refused += theirs.refused;
+            merge_bins(
+                &mut ours.bins,
+                &theirs.bins,
+                |(b, _, _)| *b,
+                |(_, a, ap), (_, o, op)| {
+                    a.requests += o.requests;
+                    a.refused += o.refused;
+                    *ap = ap.max(*op);
+                },
+            );
+        }
+    }
+}
+
+/// Merges two runs of bins, each oldest first, into `ours` (still oldest
+/// first): `add` folds a bin of `theirs` into ours of the same number.
+fn merge_bins<T: Clone>(
+    ours: &mut VecDeque<T>,
+    theirs: &VecDeque<T>,
+    number: impl Fn(&T) -> u64,
+    add: impl Fn(&mut T, &T),
+) {
+    if theirs.is_empty() {
+        return;
+    }
+    let mut by_number: BTreeMap<u64, T> = ours.drain(..).map(|b| (number(&b), b)).collect();
+    for bin in theirs {
+        match by_number.entry(number(bin)) {
+            std::collections::btree_map::Entry::Occupied(mut ours) => add(ours.get_mut(), bin),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(bin.clone());
+            }
+        }
+    }
+    *ours = by_number.into_values().collect();
+}
+
 /// The candidate rules and what they would have done.
 #[derive(Debug)]
 pub(crate) struct Candidate {
     limiter: Arc<Limiter>,
-    counts: Mutex<Counts>,
+    /// Each thread counts in its own shard (no lock shared by the workers
+    /// on the hot path); readers merge them.
+    counts: PerThread<Counts>,
     /// The last report rendered, and when: concurrent and repeated requests
     /// within [`REPORT_FOR`] share it.
     report: Mutex<Option<(std::time::Instant, Arc<str>)>>,
@@ -85,7 +158,7 @@ impl Candidate {
         ));
         Self {
             limiter,
-            counts: Mutex::new(Counts::default()),
+            counts: PerThread::new(),
             report: Mutex::new(None),
         }
     }
@@ -108,7 +181,7 @@ impl Candidate {
 
     fn count(&self, decision: &Decision, live_refused: bool, now: Nanos) {
         let bin = now / BIN;
-        let mut counts = self.counts.lock();
+        let mut counts = self.counts.mine();
         match (decision.over_limit, live_refused) {
             (true, false) => counts.stricter += 1,
             (false, true) => counts.looser += 1,
@@ -176,10 +249,17 @@ impl Candidate {
         }
     }
 
+    /// Every thread's counts, added up.
+    fn merged(&self) -> Counts {
+        let mut all = Counts::default();
+        self.counts.each(|shard| all.merge(shard));
+        all
+    }
+
     /// The candidate rules' numbers for `/metrics` (rendered by
     /// [`crate::metrics::candidate`]).
     pub(crate) fn metrics_snapshot(&self) -> CandidateMetrics {
-        let counts = self.counts.lock();
+        let counts = self.merged();
         CandidateMetrics {
             rules: counts
                 .rules
@@ -205,7 +285,7 @@ impl Candidate {
     fn outcome_of(&self, most: usize) -> ScenarioResult {
         let now_bin = self.limiter.clock().now() / BIN;
         let first = (now_bin + 1).saturating_sub(BINS as u64);
-        let counts = self.counts.lock();
+        let counts = self.merged();
         let in_hour = |b: u64| {
             b.checked_sub(first)
                 .map(|s| s as usize)
@@ -265,7 +345,7 @@ impl Candidate {
     /// `/candidate`: totals since start and the last hour, per rule.
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let hour = self.outcome();
-        let counts = self.counts.lock();
+        let counts = self.merged();
         let rules: Vec<serde_json::Value> = counts
             .rules
             .iter()
@@ -301,7 +381,7 @@ impl Candidate {
             return page.clone();
         }
         let outcome = self.outcome_of(REPORT_RULES);
-        let tracked = self.counts.lock().rules.len();
+        let tracked = self.merged().rules.len();
         let mut page = crate::report::report_html(&[outcome]);
         if tracked > REPORT_RULES {
             let note = format!(
@@ -397,6 +477,44 @@ mod tests {
             .find(|r| r.rule == "d.org")
             .expect("rule");
         assert!((org.peak_usage - 0.01).abs() < 1e-9, "{}", org.peak_usage);
+    }
+
+    /// The workers count apart (no shared lock) and every reader sees their
+    /// sum: bins of the same 10 s from two threads are one bin.
+    #[test]
+    fn counts_from_several_threads_are_merged_on_read() {
+        let (c, clock) = candidate(TWO_RULES, 1_000);
+        let c = Arc::new(c);
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let user = format!("user{t}");
+                    for _ in 0..15 {
+                        c.compare(&request(&user, "acme"), false);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        clock.advance(std::time::Duration::from_secs(10));
+        c.compare(&request("user0", "acme"), true);
+        let outcome = c.outcome();
+        assert_eq!((outcome.requests, outcome.refused), (46, 16));
+        let user = outcome
+            .rules
+            .iter()
+            .find(|r| r.rule == "d.user")
+            .expect("rule");
+        assert_eq!((user.requests, user.refused), (46, 16));
+        let busy: Vec<_> = user.series.iter().filter(|b| b.requests > 0).collect();
+        assert_eq!(busy.len(), 2, "two bins: {busy:?}");
+        assert_eq!((busy[0].requests, busy[0].refused), (45, 15));
+        let json = c.to_json();
+        assert_eq!(json["decisions"]["stricter"], 15);
+        assert_eq!(json["decisions"]["same"], 31);
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //!   (the quota service's and the candidate rules' too).
 //! - `calendar`: calendar windows (days, weeks, months, years) in a time zone.
 //! - [`clock`]: the clock trait, the system clock and a manual clock for tests.
+//! - `shards`: state every worker writes and few read, one shard per thread.
 //! - `rlqs`: Envoy's rate limit quota service (RLQS): shares of a bucket's
 //!   rate for Envoys that enforce them locally.
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
@@ -67,6 +68,7 @@ pub(crate) mod rlqs;
 pub(crate) mod rls;
 pub(crate) mod server;
 pub(crate) mod settings;
+pub(crate) mod shards;
 pub(crate) mod simulate;
 pub(crate) mod stats;
 pub(crate) mod xds;
