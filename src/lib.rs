@@ -31,6 +31,8 @@
 //! - `shards`: state every worker writes and few read, one shard per thread.
 //! - `rlqs`: Envoy's rate limit quota service (RLQS): shares of a bucket's
 //!   rate for Envoys that enforce them locally.
+//! - `limited`: who is being limited now: per rule, the heaviest refused
+//!   clients, bounded (`/limited`, the admin page, `tollgate top`).
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic; `report`:
 //!   what both produce, and its summary, series and HTML report.
@@ -58,6 +60,7 @@ pub(crate) mod build_info;
 pub(crate) mod calendar;
 pub(crate) mod candidate;
 pub(crate) mod health;
+pub(crate) mod limited;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod otel;

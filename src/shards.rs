@@ -61,6 +61,13 @@ impl<T> PerThread<T> {
             f(&shard.0.lock());
         }
     }
+
+    /// Every shard in turn, each locked only while `f` changes it.
+    pub(crate) fn each_mut(&self, mut f: impl FnMut(&mut T)) {
+        for shard in &*self.shards {
+            f(&mut shard.0.lock());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 mod guard;
 mod json;
+mod limited;
 
 pub(crate) use guard::Access;
 pub use json::request_from_json;
@@ -20,6 +21,7 @@ use axum::routing::{get, post};
 
 use crate::candidate::Candidate;
 use crate::health::Health;
+use crate::limited::Limited;
 use crate::limiter::{LimitError, Limiter};
 use crate::metrics::Others;
 use crate::rlqs::Quotas;
@@ -30,6 +32,7 @@ struct AdminState {
     limiter: Arc<Limiter>,
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
+    limited: Option<Arc<Limited>>,
     health: Arc<Health>,
     access: Arc<Access>,
 }
@@ -39,6 +42,7 @@ pub(crate) fn router(
     limiter: Arc<Limiter>,
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
+    limited: Option<Arc<Limited>>,
     health: Arc<Health>,
     access: Arc<Access>,
 ) -> Router {
@@ -60,6 +64,7 @@ pub(crate) fn router(
         .route("/rlqs", get(rlqs))
         .route("/candidate", get(candidate_json))
         .route("/candidate/report.html", get(candidate_report))
+        .route("/limited", get(limited::limited))
         .layer(axum::extract::DefaultBodyLimit::max(
             limiter.options().bounds.request_bytes,
         ))
@@ -67,6 +72,7 @@ pub(crate) fn router(
             limiter,
             quotas,
             candidate,
+            limited,
             health,
             access: access.clone(),
         })
@@ -111,6 +117,10 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let text = s.limiter.metrics().render_all(&Others {
         rlqs: s.quotas.metrics_snapshot(),
         candidate: s.candidate.as_ref().map(|c| c.metrics_snapshot()),
+        limited: s
+            .limited
+            .as_ref()
+            .map(|l| l.metrics_snapshot(&s.limiter.rules())),
         admin_refused: s.access.refused(),
         redis: match s.limiter.store() {
             Store::Redis(r) => Some(r.events()),

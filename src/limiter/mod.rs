@@ -41,9 +41,9 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     /// Key hash -> window of its last logged refusal (see `log_refusal`).
     refusals: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
-    /// Shown every decided request (the candidate rules), whichever
-    /// adapter asked (gRPC or `/json`).
-    observer: std::sync::OnceLock<Arc<dyn Observer>>,
+    /// Shown every decided request (the candidate rules, the view of who
+    /// is limited), whichever adapter asked (gRPC or `/json`).
+    observers: std::sync::OnceLock<Box<[Arc<dyn Observer>]>>,
     /// Rule path -> when its counter restart was last logged: a rule that
     /// flaps between two definitions is logged once per
     /// [`RESTART_LOG_EVERY`], not on every reload.
@@ -96,7 +96,7 @@ impl Limiter {
                 options.max_label_bytes,
             )),
             refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            observer: std::sync::OnceLock::new(),
+            observers: std::sync::OnceLock::new(),
             restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -112,11 +112,11 @@ impl Limiter {
         )
     }
 
-    /// Shows every request this limiter decides from now on to `observer`,
-    /// after its decision (which it never changes). Set once; a second
-    /// call is ignored and says so.
-    pub(crate) fn set_observer(&self, observer: Arc<dyn Observer>) -> bool {
-        self.observer.set(observer).is_ok()
+    /// Shows every request this limiter decides from now on to each of
+    /// `observers`, after its decision (which they never change). Set
+    /// once; a second call is ignored and says so.
+    pub(crate) fn set_observers(&self, observers: Vec<Arc<dyn Observer>>) -> bool {
+        observers.is_empty() || self.observers.set(observers.into()).is_ok()
     }
 
     /// Drops state that can no longer matter, in the store and in the
@@ -267,7 +267,7 @@ impl Limiter {
 
     /// Builds the decision from the store's answer (asked at `called`, if
     /// there was anything to ask), records the latencies, and shows the
-    /// decision to the observer.
+    /// decision to the observers.
     fn complete(
         &self,
         request: &Request<'_>,
@@ -283,8 +283,10 @@ impl Limiter {
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.response_time.observe(seconds);
         self.metrics.response_samples.record(seconds);
-        if let (Some(observer), Ok(decision)) = (self.observer.get(), &decided) {
-            observer.observe(request, decision);
+        if let (Some(observers), Ok(decision)) = (self.observers.get(), &decided) {
+            for observer in observers {
+                observer.observe(request, decision);
+            }
         }
         decided
     }

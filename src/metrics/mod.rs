@@ -34,6 +34,7 @@ pub(crate) mod candidate;
 pub(crate) mod exposition;
 mod histogram;
 mod labels;
+pub(crate) mod limited;
 pub(crate) mod rlqs;
 
 pub(crate) use histogram::{Histogram, Samples};
@@ -91,6 +92,8 @@ pub(crate) struct Others {
     pub rlqs: RlqsMetrics,
     /// The candidate rules, when configured.
     pub candidate: Option<CandidateMetrics>,
+    /// Who is being limited, when the view is on.
+    pub limited: Option<limited::LimitedMetrics>,
     /// Admin requests refused.
     pub admin_refused: u64,
     /// The Redis store's background work (`None` off Redis).
@@ -232,6 +235,9 @@ impl Metrics {
         rlqs::render(&mut e, &others.rlqs);
         if let Some(c) = &others.candidate {
             candidate::render(&mut e, c);
+        }
+        if let Some(l) = &others.limited {
+            limited::render(&mut e, l);
         }
         if let Some(redis) = &others.redis {
             write_redis_events(&mut e, redis);

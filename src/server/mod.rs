@@ -114,6 +114,8 @@ pub(crate) struct Serve {
     pub quotas: Arc<Quotas>,
     /// Candidate rules evaluated beside the live ones, and their reloader.
     pub candidate: Option<CandidateRules>,
+    /// Who is being limited (`None`: `--limited-clients 0`).
+    pub limited: Option<Arc<crate::limited::Limited>>,
     /// gRPC listeners, one worker thread each (see [`bind_grpc`]).
     pub grpc: Vec<std::net::TcpListener>,
     /// Admin HTTP listeners.
@@ -243,6 +245,7 @@ fn parts(
         limiter,
         quotas,
         candidate,
+        limited,
         grpc,
         admin,
         reloader,
@@ -262,10 +265,16 @@ fn parts(
     if statsd.is_some() {
         limiter.metrics().response_samples.enable();
     }
-    // Every decision, over gRPC or /json, is shown to the candidate rules.
+    // Every decision, over gRPC or /json, is shown to the candidate rules
+    // and to the view of who is limited.
+    let mut observers: Vec<Arc<dyn crate::limiter::Observer>> = Vec::new();
     if let Some(c) = &candidate {
-        limiter.set_observer(c.candidate.clone());
+        observers.push(c.candidate.clone());
     }
+    if let Some(l) = &limited {
+        observers.push(l.clone());
+    }
+    limiter.set_observers(observers);
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
     let reference_addr = reference_metrics
@@ -306,6 +315,7 @@ fn parts(
                 limiter.clone(),
                 quotas.clone(),
                 candidate.as_ref().map(|c| c.candidate.clone()),
+                limited.clone(),
                 health.clone(),
                 admin_access.clone(),
             );
@@ -322,10 +332,14 @@ fn parts(
         // blocking thread, away from the runtime that answers health checks.
         let sweeper = limiter.clone();
         let candidate_sweeper = candidate.as_ref().map(|c| c.candidate.limiter().clone());
+        let limited_sweeper = limited.clone();
         tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
             sweeper.sweep(sweeper.clock().now());
             if let Some(c) = &candidate_sweeper {
                 c.sweep(c.clock().now());
+            }
+            if let Some(l) = &limited_sweeper {
+                l.sweep();
             }
         })));
         // Quota streams: reloaded rules, the store's totals, and pushes of

@@ -201,11 +201,18 @@ pub(crate) fn prepare(
             reloader,
         })
     };
+    let limited = args.limited.options().map(|options| {
+        Arc::new(crate::limited::Limited::new(
+            options,
+            limiter.clock().clone(),
+        ))
+    });
     let limiter_connections = limiter.metrics().connections.clone();
     let serve = super::Serve {
         limiter,
         quotas,
         candidate,
+        limited,
         grpc: listeners,
         admin,
         reloader: reloader.map(|reloader| HotReload {

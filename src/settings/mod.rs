@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod limited;
 mod otel;
 mod redis_url;
 mod reference;
@@ -24,6 +25,7 @@ mod unknown;
 mod values;
 mod xds;
 
+pub(crate) use limited::LimitedArgs;
 pub(crate) use otel::{OtelArgs, TracingProtocol};
 pub(crate) use redis_url::RedisUrl;
 pub use reference_defaults::REFERENCE_PROGRAM;
@@ -383,6 +385,10 @@ pub struct ServeArgs {
     /// Rules over xDS.
     #[command(flatten)]
     pub xds: XdsArgs,
+
+    /// Who is being limited: /limited, /counters, /ui.
+    #[command(flatten)]
+    pub limited: LimitedArgs,
 
     /// The reference's stats.
     #[command(flatten)]

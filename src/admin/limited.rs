@@ -1,0 +1,85 @@
+//! `/limited`: who is being limited now, per rule (see [`crate::limited`]).
+
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AdminState;
+
+/// `GET /limited[?domain=D][&search=TEXT]`: JSON, heaviest rule and client
+/// first.
+pub(super) async fn limited(State(s): State<AdminState>, uri: Uri) -> Response {
+    let Some(limited) = &s.limited else {
+        return (
+            StatusCode::NOT_FOUND,
+            "the view of who is limited is off (--limited-clients 0)\n",
+        )
+            .into_response();
+    };
+    let query = Query::parse(uri.query());
+    let view = limited.view(query.get("domain"), query.get("search"), &s.limiter.rules());
+    match serde_json::to_string(&view) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// A URL's query, percent-decoded (`+` is a space).
+pub(super) struct Query(Vec<(String, String)>);
+
+impl Query {
+    pub(super) fn parse(query: Option<&str>) -> Self {
+        let pairs = query
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                (decode(k), decode(v))
+            })
+            .collect();
+        Self(pairs)
+    }
+
+    /// The first value of `name`.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn decode(text: &str) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'+', _, _) => out.push(b' '),
+            (b'%', Some(&hi), Some(&lo)) if hex(hi).is_some() && hex(lo).is_some() => {
+                out.push(hex(hi).unwrap_or(0) * 16 + hex(lo).unwrap_or(0));
+                i += 2;
+            }
+            (b, _, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_decoded() {
+        let q = Query::parse(Some("domain=api&search=a%20b+c&x"));
+        assert_eq!(q.get("domain"), Some("api"));
+        assert_eq!(q.get("search"), Some("a b c"));
+        assert_eq!(q.get("x"), Some(""));
+        assert_eq!(q.get("y"), None);
+        assert_eq!(Query::parse(Some("s=%zz%4")).get("s"), Some("%zz%4"));
+    }
+}

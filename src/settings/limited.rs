@@ -1,0 +1,76 @@
+//! Who is being limited (`/limited`, `/counters`, `/ui`, `tollgate top`):
+//! the view's bounds and the admin port's credential for resets.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::values::{at_least_one, parse_duration};
+use crate::limited::LimitedOptions;
+
+/// The view of the heaviest limited clients, and who may reset counters.
+#[derive(Debug, Clone, Args)]
+pub struct LimitedArgs {
+    /// Who is being limited (/limited): clients held per rule (a client
+    /// refused more than 1/N of the rule's refusals is always shown);
+    /// 0 turns the view off (and its cost on every request).
+    #[arg(
+        long = "limited-clients",
+        env = "TOLLGATE_LIMITED_CLIENTS",
+        default_value_t = 32
+    )]
+    pub clients: usize,
+
+    /// /limited: rules tracked per thread; refusals by more rules are only
+    /// counted (tollgate_limited_untracked_total).
+    #[arg(long = "limited-rules", env = "TOLLGATE_LIMITED_RULES", default_value_t = 200, value_parser = at_least_one)]
+    pub rules: usize,
+
+    /// /limited: how far back the view looks (it forgets a quarter of this
+    /// at a time).
+    #[arg(long = "limited-window", env = "TOLLGATE_LIMITED_WINDOW", default_value = "5m", value_parser = parse_window)]
+    pub window: Duration,
+
+    /// Ranks per rule in tollgate_limited_top_refusals (the heaviest
+    /// clients' refusals, labelled by rank, never by client); 0: none.
+    #[arg(
+        long = "limited-metric-ranks",
+        env = "TOLLGATE_LIMITED_METRIC_RANKS",
+        default_value_t = 3
+    )]
+    pub metric_ranks: usize,
+
+    /// A file of bearer tokens that may reset counters on the admin port
+    /// (POST /counters/reset), one per line, optionally `NAME:TOKEN` (the
+    /// name is logged with each reset). Without it, resets are refused.
+    #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// The most counters one reset may clear (a rule's or a domain's:
+    /// ask with a larger `max_keys` in the body to go past it).
+    #[arg(long = "max-reset-keys", env = "TOLLGATE_MAX_RESET_KEYS", default_value_t = 10_000, value_parser = at_least_one)]
+    pub max_reset_keys: usize,
+}
+
+fn parse_window(text: &str) -> Result<Duration, String> {
+    let window = parse_duration(text)?;
+    if window < Duration::from_secs(4) {
+        return Err(format!(
+            "{text}: the window is at least 4s (it moves a quarter at a time)"
+        ));
+    }
+    Ok(window)
+}
+
+impl LimitedArgs {
+    /// The view's options, `None` when it is off.
+    pub(crate) fn options(&self) -> Option<LimitedOptions> {
+        (self.clients > 0).then_some(LimitedOptions {
+            clients: self.clients,
+            rules: self.rules,
+            window: self.window,
+            metric_ranks: self.metric_ranks.min(self.clients),
+        })
+    }
+}
