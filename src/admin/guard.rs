@@ -34,6 +34,9 @@ pub(crate) struct Access {
     /// Requests refused (a foreign Host, a cross-site request, a body that
     /// is not JSON): `tollgate_admin_refused_total`.
     pub refused: std::sync::atomic::AtomicU64,
+    /// Who may reset counters: `(name, token)` from `--admin-token-file`;
+    /// `None`: resets are off.
+    pub tokens: Option<Vec<(String, String)>>,
 }
 
 impl Access {
@@ -43,7 +46,42 @@ impl Access {
             hosts,
             json,
             refused: std::sync::atomic::AtomicU64::new(0),
+            tokens: None,
         }
+    }
+
+    /// Resets allowed to the bearers of `tokens`.
+    pub(crate) fn with_tokens(mut self, tokens: Vec<(String, String)>) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// The name of the token `headers` carry (`Authorization: Bearer T`),
+    /// `Err` with the status to answer: 403 when resets are off, 401 for a
+    /// missing or wrong token. Tokens are compared in constant time.
+    pub(super) fn bearer(&self, headers: &HeaderMap) -> Result<&str, (StatusCode, &'static str)> {
+        let Some(tokens) = &self.tokens else {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "resets are turned off: start Tollgate with --admin-token-file FILE (one token per line, NAME:TOKEN to name it in the log)\n",
+            ));
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .unwrap_or("");
+        let mut found = None;
+        for (name, token) in tokens {
+            if !given.is_empty() && same(given.as_bytes(), token.as_bytes()) {
+                found = Some(name.as_str());
+            }
+        }
+        found.ok_or((
+            StatusCode::UNAUTHORIZED,
+            "a reset needs Authorization: Bearer TOKEN, with a token from --admin-token-file\n",
+        ))
     }
 
     pub(super) fn count_refusal(&self) {
@@ -150,6 +188,42 @@ pub(super) async fn guard(
             .into_response();
     }
     next.run(request).await
+}
+
+/// Whether `a` and `b` are equal, in time that depends on their lengths only.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Reads `--admin-token-file`: a token per line (`NAME:TOKEN` names it;
+/// otherwise it is `token N`), blank lines and `#` comments skipped.
+pub(crate) fn read_tokens(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?;
+    let mut tokens = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, token) = match line.split_once(':') {
+            Some((name, token)) => (name.trim().to_owned(), token.trim().to_owned()),
+            None => (format!("token {}", tokens.len() + 1), line.to_owned()),
+        };
+        if token.len() < 16 {
+            return Err(format!(
+                "--admin-token-file {}: token '{name}' is shorter than 16 characters",
+                path.display()
+            ));
+        }
+        tokens.push((name, token));
+    }
+    if tokens.is_empty() {
+        return Err(format!(
+            "--admin-token-file {}: no token in it",
+            path.display()
+        ));
+    }
+    Ok(tokens)
 }
 
 #[cfg(test)]

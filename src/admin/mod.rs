@@ -2,11 +2,12 @@
 //! `/json` (a RateLimitRequest as JSON, as the reference's `/json`) and
 //! `/rlconfig` (the loaded rules, one line per limit).
 
+mod counters;
 mod guard;
 mod json;
 mod limited;
 
-pub(crate) use guard::Access;
+pub(crate) use guard::{Access, read_tokens};
 pub use json::request_from_json;
 
 use std::sync::Arc;
@@ -65,6 +66,8 @@ pub(crate) fn router(
         .route("/candidate", get(candidate_json))
         .route("/candidate/report.html", get(candidate_report))
         .route("/limited", get(limited::limited))
+        .route("/counters", post(counters::counters))
+        .route("/counters/reset", post(counters::reset))
         .layer(axum::extract::DefaultBodyLimit::max(
             limiter.options().bounds.request_bytes,
         ))

@@ -23,6 +23,7 @@ impl Limiter {
             planned,
             checks,
             unlimited,
+            quiet,
         } = plan;
         let descriptors = *descriptors;
         if let Some(err) = failed {
@@ -46,8 +47,10 @@ impl Limiter {
                     Some(o) => (o.allowed, o.remaining, o.wait),
                     None => (true, plan.limit.requests_per_unit, 0),
                 };
-                self.count_decision(plan, check, allowed, remaining);
-                if !allowed {
+                if !*quiet {
+                    self.count_decision(plan, check, allowed, remaining);
+                }
+                if !allowed && !*quiet {
                     self.log_refusal(plan, check, check.enforced);
                 }
                 let status = LimitStatus {

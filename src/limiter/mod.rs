@@ -5,6 +5,7 @@
 mod failure;
 mod finish;
 mod headers;
+mod inspect;
 mod observe;
 mod options;
 mod plan;

@@ -120,4 +120,6 @@ pub(super) struct Plan {
     pub(super) checks: SmallVec<[Check; 4]>,
     /// Descriptors matched to `unlimited: true` rules, in request order.
     pub(super) unlimited: SmallVec<[usize; 2]>,
+    /// An operator's look ([`Limiter::peek`]): nothing counted or logged.
+    pub(super) quiet: bool,
 }

@@ -201,6 +201,16 @@ pub(crate) fn prepare(
             reloader,
         })
     };
+    let mut admin_access = crate::admin::Access::new(
+        args.admin_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect(),
+        args.admin_json == OnOff::On,
+    );
+    if let Some(path) = &args.limited.admin_token_file {
+        admin_access = admin_access.with_tokens(crate::admin::read_tokens(path)?);
+    }
     let limited = args.limited.options().map(|options| {
         Arc::new(crate::limited::Limited::new(
             options,
@@ -237,13 +247,7 @@ pub(crate) fn prepare(
         tls,
         admin_tls: args.admin_tls == OnOff::On,
         log_json: args.log_format == crate::settings::LogFormat::Json,
-        admin_access: Arc::new(crate::admin::Access::new(
-            args.admin_hosts
-                .iter()
-                .map(|h| h.to_ascii_lowercase())
-                .collect(),
-            args.admin_json == OnOff::On,
-        )),
+        admin_access: Arc::new(admin_access),
         statsd: args.stats.statsd_options(),
         reference_metrics,
         otel: otel.clone(),

@@ -24,12 +24,12 @@ pub struct LimitedArgs {
 
     /// /limited: rules tracked per thread; refusals by more rules are only
     /// counted (tollgate_limited_untracked_total).
-    #[arg(long = "limited-rules", env = "TOLLGATE_LIMITED_RULES", default_value_t = 200, value_parser = at_least_one)]
+    #[arg(id = "limited_rules", value_name = "LIMITED_RULES", long = "limited-rules", env = "TOLLGATE_LIMITED_RULES", default_value_t = 200, value_parser = at_least_one)]
     pub rules: usize,
 
     /// /limited: how far back the view looks (it forgets a quarter of this
     /// at a time).
-    #[arg(long = "limited-window", env = "TOLLGATE_LIMITED_WINDOW", default_value = "5m", value_parser = parse_window)]
+    #[arg(id = "limited_window", value_name = "LIMITED_WINDOW", long = "limited-window", env = "TOLLGATE_LIMITED_WINDOW", default_value = "5m", value_parser = parse_window)]
     pub window: Duration,
 
     /// Ranks per rule in tollgate_limited_top_refusals (the heaviest
@@ -46,11 +46,6 @@ pub struct LimitedArgs {
     /// name is logged with each reset). Without it, resets are refused.
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-
-    /// The most counters one reset may clear (a rule's or a domain's:
-    /// ask with a larger `max_keys` in the body to go past it).
-    #[arg(long = "max-reset-keys", env = "TOLLGATE_MAX_RESET_KEYS", default_value_t = 10_000, value_parser = at_least_one)]
-    pub max_reset_keys: usize,
 }
 
 fn parse_window(text: &str) -> Result<Duration, String> {

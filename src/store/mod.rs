@@ -107,6 +107,15 @@ impl Store {
         }
     }
 
+    /// Deletes the counters of `checks` at `now` (an operator's reset: the
+    /// next request starts each afresh); returns how many existed.
+    pub async fn reset(&self, checks: &[Check], now: Nanos) -> Result<usize, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.remove(checks.iter().map(|c| &c.key))),
+            Store::Redis(store) => store.reset(checks, now).await,
+        }
+    }
+
     /// Drops state that can no longer affect a decision.
     pub fn sweep(&self, now: Nanos) -> usize {
         match self {

@@ -14,6 +14,7 @@ mod candidate;
 mod docs;
 mod image;
 mod layers;
+mod limited;
 mod manifests;
 mod operations;
 mod simulate;

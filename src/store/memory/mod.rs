@@ -181,6 +181,28 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// Deletes the counters of `keys` (an operator's reset); returns how
+    /// many existed. Each key's shard is locked while it goes.
+    pub fn remove<'a>(&self, keys: impl IntoIterator<Item = &'a CounterKey>) -> usize {
+        let mut removed = 0;
+        for key in keys {
+            let (shard, hash, tag) = self.locate(key);
+            let mut shard = self.shards[shard].lock();
+            if shard.overflow.remove(key.as_bytes()).is_some() {
+                removed += 1;
+                continue;
+            }
+            if let Ok(entry) = shard
+                .table
+                .find_entry(hash, |e| e.hash == hash && e.check == tag)
+            {
+                entry.remove();
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Drops every entry whose state no longer matters at `now`. Returns how
     /// many were dropped.
     pub fn sweep(&self, now: Nanos) -> usize {

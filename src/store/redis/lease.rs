@@ -116,6 +116,15 @@ impl Leases {
         }
     }
 
+    /// Drops the leases of `checks`' keys (their counters were reset: a
+    /// balance granted before would spend hits Redis no longer counts).
+    pub(super) fn forget(&self, checks: &[Check]) {
+        let mut table = self.table.lock();
+        for check in checks {
+            table.remove(check.key.as_bytes());
+        }
+    }
+
     /// Adds a granted lease of `check`.
     fn grant(&self, check: &Check, now: Nanos) {
         let (window, until) = validity(check, now);

@@ -35,6 +35,7 @@ mod over_limit;
 mod per_second;
 mod quota;
 mod refund;
+mod reset;
 mod script;
 mod slots;
 
@@ -71,6 +72,7 @@ struct Inner {
     batch: Lua,
     refund: Lua,
     cancel: Lua,
+    reset: Lua,
     quota: Lua,
     breaker: Breaker,
     /// Confirming PINGs and cancellations, for `/metrics`.
@@ -175,6 +177,7 @@ impl RedisStore {
                 batch: batch_script(),
                 refund: Lua::new(include_str!("refund.lua").to_owned()),
                 cancel: Lua::new(include_str!("cancel.lua").to_owned()),
+                reset: Lua::new(include_str!("reset.lua").to_owned()),
                 quota: Lua::new(include_str!("quota.lua").to_owned()),
                 breaker: Breaker::default(),
                 events: Arc::default(),

@@ -62,6 +62,14 @@ impl OverLimitCache {
         true
     }
 
+    /// Forgets `checks`' keys (their counters were reset).
+    pub fn forget(&self, checks: &[Check]) {
+        for check in checks {
+            let id = id(check);
+            self.shard(id).lock().remove(&id);
+        }
+    }
+
     /// Remembers the enforced single-hit denials among decided `checks`.
     pub fn remember(&self, checks: &[Check], now: Nanos) {
         for check in checks

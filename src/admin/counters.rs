@@ -1,0 +1,192 @@
+//! `POST /counters`: every limit a request's descriptors meet, with what is
+//! left, spending nothing; `POST /counters/reset`: those counters deleted,
+//! for the bearer of a token from `--admin-token-file`. Both take the body
+//! `/json` takes.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::{AdminState, guard, json};
+use crate::limiter::{Decision, LimitError};
+use crate::rules::RuleSet;
+
+/// One limit of `/counters`.
+#[derive(Debug, Serialize)]
+struct LimitView {
+    /// The rule's name, else its path.
+    rule: String,
+    /// Where it is written (`file:line`); absent for a request's override.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    /// The descriptor that meets it.
+    descriptor: Vec<crate::limited::Entry>,
+    algorithm: &'static str,
+    limit: u32,
+    unit: &'static str,
+    /// Hits counted in the current window (tokens taken, for a bucket).
+    used: u32,
+    remaining: u32,
+    /// When the count resets (over the limit: when a request is admitted).
+    resets_in_ms: u64,
+    /// Nothing is left: the next request this limit counts is refused.
+    exhausted: bool,
+    shadow: bool,
+}
+
+/// The answer to a body not declared as JSON (which a cross-site page
+/// could send without a preflight), `None` for a JSON body.
+fn not_json(s: &AdminState, headers: &HeaderMap, what: &str) -> Option<Response> {
+    if guard::is_json(headers) {
+        return None;
+    }
+    s.access.count_refusal();
+    Some(
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("POST {what} takes Content-Type: application/json\n"),
+        )
+            .into_response(),
+    )
+}
+
+fn error(e: LimitError) -> Response {
+    match e {
+        LimitError::InvalidArgument(reason) => {
+            (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
+        }
+        e @ LimitError::Unavailable(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+macro_rules! domain_request {
+    ($body:expr, $proto:ident, $request:ident) => {
+        let $proto = match json::request_from_json($body) {
+            Ok(r) => r,
+            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        };
+        let $request = match crate::rls::to_domain(&$proto) {
+            Ok(r) => r,
+            Err(status) => {
+                return (StatusCode::BAD_REQUEST, format!("{}\n", status.message()))
+                    .into_response();
+            }
+        };
+    };
+}
+
+/// `POST /counters`.
+pub(super) async fn counters(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(answer) = not_json(&s, &headers, "/counters") {
+        return answer;
+    }
+    domain_request!(&body, proto, request);
+    let decision = match s.limiter.peek(&request).await {
+        Ok(d) => d,
+        Err(e) => return error(e),
+    };
+    let limits = views(&decision, &request, &s.limiter.rules());
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "limits": limits }).to_string(),
+    )
+        .into_response()
+}
+
+/// `POST /counters/reset`.
+pub(super) async fn reset(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let who = match s.access.bearer(&headers) {
+        Ok(name) => name.to_owned(),
+        Err((status, why)) => {
+            let mut answer = (status, why).into_response();
+            if status == StatusCode::UNAUTHORIZED {
+                answer.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            return answer;
+        }
+    };
+    if let Some(answer) = not_json(&s, &headers, "/counters/reset") {
+        return answer;
+    }
+    domain_request!(&body, proto, request);
+    match s.limiter.reset(&request).await {
+        Ok(cleared) => {
+            let descriptors: Vec<Vec<(&str, &str)>> = request
+                .descriptors
+                .iter()
+                .map(|d| d.entries.to_vec())
+                .collect();
+            tracing::warn!(
+                by = who,
+                domain = crate::rules::printable(request.domain).as_ref(),
+                descriptors = %crate::rules::printable(&format!("{descriptors:?}")),
+                counters = cleared,
+                "counters reset by an operator"
+            );
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::json!({ "reset": cleared, "by": who }).to_string(),
+            )
+                .into_response()
+        }
+        Err(e) => error(e),
+    }
+}
+
+fn views(
+    decision: &Decision,
+    request: &crate::limiter::Request<'_>,
+    rules: &RuleSet,
+) -> Vec<LimitView> {
+    let mut out = Vec::new();
+    for (d, status) in decision.statuses.iter().enumerate() {
+        let descriptor: Vec<crate::limited::Entry> = request
+            .descriptors
+            .get(d)
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|(k, v)| crate::limited::Entry {
+                        key: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (applied, _, remaining, reset) in status.limits() {
+            let rule = applied.rule.and_then(|i| rules.rules().get(i));
+            let algorithm = rule
+                .and_then(|r| r.limit)
+                .map_or("(the default algorithm)", |l| l.algorithm.name());
+            out.push(LimitView {
+                rule: applied.policy.to_string(),
+                source: rule.map(|r| format!("{}:{}", r.source.file.display(), r.source.line)),
+                descriptor: descriptor.clone(),
+                algorithm,
+                limit: applied.requests_per_unit,
+                unit: applied.unit.name(),
+                used: applied.requests_per_unit.saturating_sub(remaining),
+                remaining,
+                resets_in_ms: reset / 1_000_000,
+                exhausted: remaining == 0,
+                shadow: applied.shadow,
+            });
+        }
+    }
+    out
+}

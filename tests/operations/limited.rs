@@ -1,0 +1,219 @@
+//! Who is being limited, against a real Tollgate on each store: `/limited`
+//! names exactly the clients over their limits among many that are not;
+//! `/counters` shows what the next `/json` decision meets without spending;
+//! `/counters/reset` restores the full limit, for a token's bearer only.
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+
+use crate::common::envoy::{Response, http, http_with_body};
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::{Tollgate, ask, request};
+
+const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+const TOKEN: &str = "ops:0123456789abcdef0123";
+const BEARER: &str = "Bearer 0123456789abcdef0123";
+
+fn post(admin: SocketAddr, path: &str, headers: &[(&str, &str)], body: &Value) -> Response {
+    let mut all = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
+    http_with_body(admin, "POST", path, &all, &body.to_string()).expect("admin answers")
+}
+
+fn client_body(user: &str) -> Value {
+    json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": user}]}]})
+}
+
+fn json_of(r: &Response) -> Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
+}
+
+async fn scenario(store: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# operators\n{TOKEN}\n")).expect("write tokens");
+    let tokens = tokens.to_string_lossy().into_owned();
+    let mut args = vec!["--admin-token-file", tokens.as_str()];
+    args.extend_from_slice(store);
+    let server = Tollgate::start(RULES, &args);
+    let mut client = server.client().await;
+    // 60 clients within their limit (3 each), two over it: ann by 10 and
+    // bob by 4, each request with a second descriptor the rules ignore.
+    for i in 0..60 {
+        let user = format!("light{i}");
+        for _ in 0..3 {
+            ask(
+                &mut client,
+                request("api", &[&[("user", &user)], &[("path", "/x")]]),
+            )
+            .await;
+        }
+    }
+    for (user, n) in [("ann", 15), ("bob", 9)] {
+        for _ in 0..n {
+            ask(
+                &mut client,
+                request("api", &[&[("user", user)], &[("path", "/login")]]),
+            )
+            .await;
+        }
+    }
+    let view = json_of(&http(server.admin, "GET", "/limited", &[]).expect("admin"));
+    assert_eq!(view["scope"], "instance");
+    let rules = view["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "{view}");
+    assert_eq!(rules[0]["rule"], "api.user");
+    assert_eq!(rules[0]["refused"], 14);
+    let clients: Vec<(String, u64)> = rules[0]["clients"]
+        .as_array()
+        .expect("clients")
+        .iter()
+        .map(|c| {
+            (
+                c["descriptors"][0][0]["value"]
+                    .as_str()
+                    .expect("value")
+                    .to_owned(),
+                c["refused"].as_u64().expect("refused"),
+            )
+        })
+        .collect();
+    assert_eq!(clients, [("ann".to_owned(), 10), ("bob".to_owned(), 4)]);
+    assert_eq!(
+        rules[0]["clients"][0]["descriptors"][1][0],
+        json!({"key": "path", "value": "/login"})
+    );
+
+    // Inspect: what is left, and the next /json decision agrees.
+    let light = json_of(&post(
+        server.admin,
+        "/counters",
+        &[],
+        &client_body("light7"),
+    ));
+    let limit = &light["limits"][0];
+    assert_eq!(
+        (limit["rule"].as_str(), limit["remaining"].as_u64()),
+        (Some("api.user"), Some(2)),
+        "{light}"
+    );
+    assert_eq!(limit["used"], 3);
+    assert_eq!(limit["limit"], 5);
+    assert!(limit["resets_in_ms"].as_u64().expect("ms") <= 60_000);
+    let again = json_of(&post(
+        server.admin,
+        "/counters",
+        &[],
+        &client_body("light7"),
+    ));
+    assert_eq!(
+        again["limits"][0]["remaining"], 2,
+        "inspecting spends nothing"
+    );
+    let decided = json_of(&post(server.admin, "/json", &[], &client_body("light7")));
+    assert_eq!(decided["statuses"][0]["limitRemaining"], 1);
+    let ann = json_of(&post(server.admin, "/counters", &[], &client_body("ann")));
+    assert_eq!(ann["limits"][0]["remaining"], 0);
+    assert_eq!(ann["limits"][0]["exhausted"], true);
+
+    // Reset: refused without the token or with a wrong one.
+    let none = post(server.admin, "/counters/reset", &[], &client_body("ann"));
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert_eq!(none.header("www-authenticate"), Some("Bearer"));
+    let wrong = post(
+        server.admin,
+        "/counters/reset",
+        &[("Authorization", "Bearer 0123456789abcdef0124")],
+        &client_body("ann"),
+    );
+    assert_eq!(wrong.status, 401);
+    let reset = post(
+        server.admin,
+        "/counters/reset",
+        &[("Authorization", BEARER)],
+        &client_body("ann"),
+    );
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(json_of(&reset)["reset"].as_u64().expect("reset") >= 1);
+    let ann = json_of(&post(server.admin, "/counters", &[], &client_body("ann")));
+    assert_eq!(ann["limits"][0]["remaining"], 5, "the full limit: {ann}");
+    let answer = ask(&mut client, request("api", &[&[("user", "ann")]])).await;
+    assert_eq!(answer.overall_code, 1, "ann is admitted again");
+    assert_eq!(answer.statuses[0].limit_remaining, 4);
+    // bob was not reset.
+    let bob = json_of(&post(server.admin, "/counters", &[], &client_body("bob")));
+    assert_eq!(bob["limits"][0]["remaining"], 0);
+    crate::common::wait_until(
+        "the reset logged with who asked",
+        std::time::Duration::from_secs(5),
+        || {
+            server.log_count("counters reset by an operator") == 1
+                && server.log_count("by=\"ops\"") == 1
+        },
+    );
+}
+
+#[tokio::test]
+async fn the_view_inspect_and_reset_on_the_memory_store() {
+    scenario(&[]).await;
+}
+
+#[tokio::test]
+async fn the_view_inspect_and_reset_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    scenario(&["--store", "redis", "--redis-url", &url]).await;
+}
+
+#[tokio::test]
+async fn the_view_inspect_and_reset_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    scenario(&["--store", "redis-cluster", "--redis-url", &urls]).await;
+}
+
+#[tokio::test]
+async fn resets_are_off_without_a_token_file() {
+    let server = Tollgate::start(RULES, &[]);
+    let r = post(
+        server.admin,
+        "/counters/reset",
+        &[("Authorization", BEARER)],
+        &client_body("ann"),
+    );
+    assert_eq!(r.status, 403);
+    assert!(r.body.contains("--admin-token-file"), "{}", r.body);
+    // Cross-site pages cannot reach it: a body that is not JSON is refused.
+    let r = http_with_body(
+        server.admin,
+        "POST",
+        "/counters",
+        &[("Content-Type", "text/plain")],
+        "{}",
+    )
+    .expect("admin");
+    assert_eq!(r.status, 415);
+}
+
+#[test]
+fn a_short_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "short\n").expect("write");
+    let run = crate::common::run_briefly(
+        &[
+            "--rules",
+            "examples/rules",
+            "--admin-token-file",
+            &tokens.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert!(!run.success);
+    assert!(
+        run.stderr.contains("shorter than 16 characters"),
+        "{}",
+        run.stderr
+    );
+}
