@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     AppliedLimit, Decision, DescriptorStatus, LimitError, LimitStatus, Limiter, Plan, Planned,
-    response_headers,
+    Request, response_headers,
 };
 use crate::clock::Clock;
 use crate::store::{StoreError, refused};
@@ -15,6 +15,7 @@ impl Limiter {
     /// (The plan is borrowed: it is large, and moving it costs.)
     pub(super) fn finish(
         &self,
+        request: &Request<'_>,
         plan: &mut Plan,
         failed: Option<StoreError>,
     ) -> Result<Decision, LimitError> {
@@ -51,7 +52,7 @@ impl Limiter {
                     self.count_decision(plan, check, allowed, remaining);
                 }
                 if !allowed && !*quiet {
-                    self.log_refusal(plan, check, check.enforced);
+                    self.log_refusal(request, plan, check, check.enforced);
                 }
                 let status = LimitStatus {
                     over_limit: !allowed && check.enforced,

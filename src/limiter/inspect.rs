@@ -21,7 +21,7 @@ impl Limiter {
                 .await
                 .map_err(LimitError::Unavailable)?;
         }
-        self.finish(&mut plan, None)
+        self.finish(request, &mut plan, None)
     }
 
     /// Deletes the counters `request`'s descriptors meet (in the store, and

@@ -24,7 +24,7 @@ use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 pub use headers::response_headers;
 pub(crate) use observe::Observer;
-pub use options::{LimiterOptions, RequestBounds};
+pub use options::{LimiterOptions, RefusalLog, RequestBounds};
 use plan::Plan;
 pub use types::{
     AppliedLimit, Decision, Descriptor, DescriptorStatus, LimitError, LimitOverride, LimitStatus,
@@ -40,8 +40,8 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
-    /// Key hash -> window of its last logged refusal (see `log_refusal`).
-    refusals: parking_lot::Mutex<std::collections::HashMap<u64, u64>>,
+    /// Which refusals were logged lately (see `log_refusal`).
+    refusals: parking_lot::Mutex<observe::RefusalsLogged>,
     /// Shown every decided request (the candidate rules, the view of who
     /// is limited), whichever adapter asked (gRPC or `/json`).
     observers: std::sync::OnceLock<Box<[Arc<dyn Observer>]>>,
@@ -96,7 +96,7 @@ impl Limiter {
                 options.max_metric_series,
                 options.max_label_bytes,
             )),
-            refusals: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            refusals: parking_lot::Mutex::new(observe::RefusalsLogged::default()),
             observers: std::sync::OnceLock::new(),
             restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
@@ -280,7 +280,7 @@ impl Limiter {
         if !plan.checks.is_empty() {
             self.count_store_call(called, &result);
         }
-        let decided = self.finish(plan, result.err());
+        let decided = self.finish(request, plan, result.err());
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.response_time.observe(seconds);
         self.metrics.response_samples.record(seconds);

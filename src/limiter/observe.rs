@@ -1,13 +1,14 @@
 //! What the limiter records about its decisions: per-limit counters with the
 //! reference's labels, store and request errors, and one log line per key
-//! and window for refusals.
+//! a bounded log of refusals.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use smallvec::SmallVec;
 
-use super::{Decision, LimitError, Limiter, Planned, REFUSAL_LOG_KEYS, Request};
+use super::{Decision, LimitError, Limiter, Planned, REFUSAL_LOG_KEYS, RefusalLog, Request};
+use crate::clock::NANOS_PER_SEC;
 use crate::metrics::LimitStats;
 use crate::store::{Check, StoreError};
 
@@ -112,37 +113,154 @@ impl Limiter {
         }
     }
 
-    /// Logs the first refusal of a key in each window; later ones in the same
-    /// window are only counted, so a flood cannot flood the logs.
-    pub(super) fn log_refusal(&self, plan: &Planned, check: &Check, enforced: bool) {
-        let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
-        let window = check.quota.window_at(self.clock.now()).index;
-        {
-            let mut seen = self.refusals.lock();
-            if seen.get(&id) == Some(&window) {
-                return;
-            }
-            if seen.len() >= REFUSAL_LOG_KEYS {
-                seen.retain(|_, w| *w >= window);
-                if seen.len() >= REFUSAL_LOG_KEYS {
-                    seen.clear();
-                }
-            }
-            seen.insert(id, window);
+    /// Logs a refusal: every descriptor of the request (JSON objects in
+    /// JSON logs), the rule and where it is written, the caller's request
+    /// and trace ids. Bounded: a key at most once a second, and at most
+    /// `--refusal-log-rate` lines a second in all; each line says how many
+    /// refusals went unlogged since the one before.
+    pub(super) fn log_refusal(
+        &self,
+        request: &Request<'_>,
+        plan: &Planned,
+        check: &Check,
+        enforced: bool,
+    ) {
+        let level = self.options.refusal_log;
+        if level == RefusalLog::Off {
+            return;
         }
-        let parts = check.key.parts();
-        let rule = plan
-            .rule
-            .as_ref()
-            .map_or("(limit from the request)", |r| r.path.as_str());
-        tracing::info!(
-            rule,
-            domain = parts.domain,
-            descriptor = ?parts.entries,
-            limit = plan.limit.requests_per_unit,
-            unit = plan.limit.unit.name(),
-            shadow = !enforced,
-            "over the limit (first refusal for this key in this window; later ones are only counted)"
+        let second = self.clock.now() / NANOS_PER_SEC;
+        let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
+        let not_logged = {
+            let mut log = self.refusals.lock();
+            match log.admit(id, second, self.options.refusal_log_rate) {
+                Some(not_logged) => not_logged,
+                None => return,
+            }
+        };
+        let descriptor = request
+            .descriptors
+            .get(plan.descriptor)
+            .map_or_else(String::new, |d| entries_json(&d.entries));
+        let descriptors = format!(
+            "[{}]",
+            request
+                .descriptors
+                .iter()
+                .map(|d| entries_json(&d.entries))
+                .collect::<Vec<_>>()
+                .join(",")
         );
+        let ids = crate::logging::call_ids().unwrap_or_default();
+        // A request id sent as a descriptor entry (how Envoy can send it).
+        let request_id = ids.request_id.as_deref().or_else(|| {
+            request
+                .descriptors
+                .iter()
+                .flat_map(|d| d.entries.iter())
+                .find(|(k, _)| k.eq_ignore_ascii_case("x-request-id"))
+                .map(|(_, v)| *v)
+        });
+        let (rule, source) = match &plan.rule {
+            Some(r) => (
+                r.path.as_str(),
+                format!("{}:{}", r.source.file.display(), r.source.line),
+            ),
+            None => ("(limit from the request)", String::new()),
+        };
+        let name = plan.rule.as_ref().and_then(|r| r.name.as_deref());
+        macro_rules! refusal {
+            ($level:expr) => {
+                tracing::event!(
+                    target: crate::logging::REFUSAL_TARGET,
+                    $level,
+                    rule = crate::rules::printable(rule).as_ref(),
+                    name = name.map(crate::rules::printable).as_deref(),
+                    source = crate::rules::printable(&source).as_ref(),
+                    domain = crate::rules::printable(request.domain).as_ref(),
+                    descriptor = %descriptor,
+                    descriptors = %descriptors,
+                    limit = plan.limit.requests_per_unit,
+                    unit = plan.limit.unit.name(),
+                    shadow = !enforced,
+                    request_id = request_id.map(crate::rules::printable).as_deref(),
+                    trace_id = ids.trace_id.as_deref(),
+                    not_logged,
+                    "over the limit"
+                )
+            };
+        }
+        match level {
+            RefusalLog::Warn => refusal!(tracing::Level::WARN),
+            _ => refusal!(tracing::Level::INFO),
+        }
+    }
+}
+
+/// Which refusals were logged lately: a key's last second, and this
+/// second's lines.
+#[derive(Debug, Default)]
+pub(super) struct RefusalsLogged {
+    /// Key hash -> the second it was last logged in.
+    seen: std::collections::HashMap<u64, u64>,
+    second: u64,
+    lines: u32,
+    /// Refusals not logged since the last line.
+    not_logged: u64,
+}
+
+impl RefusalsLogged {
+    /// Whether a refusal of key `id` in `second` is logged (with the count
+    /// of refusals not logged before it), at most `rate` lines a second.
+    fn admit(&mut self, id: u64, second: u64, rate: u32) -> Option<u64> {
+        if self.second != second {
+            self.second = second;
+            self.lines = 0;
+        }
+        if self.seen.get(&id) == Some(&second) || self.lines >= rate {
+            self.not_logged += 1;
+            return None;
+        }
+        self.lines += 1;
+        if self.seen.len() >= REFUSAL_LOG_KEYS {
+            self.seen.retain(|_, s| *s >= second);
+            if self.seen.len() >= REFUSAL_LOG_KEYS {
+                self.seen.clear();
+            }
+        }
+        self.seen.insert(id, second);
+        Some(std::mem::take(&mut self.not_logged))
+    }
+}
+
+/// A descriptor's entries as JSON: `[{"key": K, "value": V}, ...]`.
+fn entries_json(entries: &[(&str, &str)]) -> String {
+    let entries: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
+    serde_json::Value::from(entries).to_string()
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_logged_once_a_second_and_lines_are_bounded() {
+        let mut log = RefusalsLogged::default();
+        assert_eq!(log.admit(1, 10, 2), Some(0));
+        assert_eq!(log.admit(1, 10, 2), None, "the same key, the same second");
+        assert_eq!(log.admit(2, 10, 2), Some(1));
+        assert_eq!(log.admit(3, 10, 2), None, "two lines this second");
+        assert_eq!(
+            log.admit(1, 11, 2),
+            Some(2),
+            "a new second: two went unlogged"
+        );
+        for id in 0..1_000u64 {
+            log.admit(id, 12, 100);
+        }
+        assert_eq!(log.lines, 100);
     }
 }

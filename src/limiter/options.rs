@@ -30,6 +30,22 @@ pub struct LimiterOptions {
     pub max_metric_series: u64,
     /// Longest label value made from a request (`--max-label-bytes`).
     pub max_label_bytes: usize,
+    /// At which level refusals are logged (`--log-refusals`).
+    pub refusal_log: RefusalLog,
+    /// The most refusal lines a second (`--refusal-log-rate`); one key is
+    /// logged at most once a second whatever this says.
+    pub refusal_log_rate: u32,
+}
+
+/// At which level refusals are logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalLog {
+    /// Not at all.
+    Off,
+    /// At info (hidden at `--log-level warn`).
+    Info,
+    /// At warn.
+    Warn,
 }
 
 /// How large a request may be. Deciding costs time linear in a request's
@@ -82,6 +98,8 @@ impl Default for LimiterOptions {
             bounds: RequestBounds::default(),
             max_metric_series: 10_000,
             max_label_bytes: 128,
+            refusal_log: RefusalLog::Info,
+            refusal_log_rate: 100,
         }
     }
 }

@@ -83,6 +83,23 @@ where
                 ))))
             });
         }
+        // The caller's request and trace ids, for the refusal log.
+        let ids = crate::logging::CallIds::from_headers(request.headers());
+        let answer = self.answer(request);
+        match ids {
+            Some(ids) => Box::pin(crate::logging::with_call_ids(ids, answer)),
+            None => answer,
+        }
+    }
+}
+
+impl RlsServer {
+    /// Answers a ShouldRateLimit call (its content type and path checked).
+    fn answer<B>(&self, request: http::Request<B>) -> BoxReply
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    {
         let service = self.service.clone();
         let max = self.max_request_bytes;
         if let Some(otel) = service.tracing().cloned() {

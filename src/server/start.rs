@@ -96,6 +96,8 @@ pub(crate) fn prepare(
         },
         max_metric_series: args.max_metric_series,
         max_label_bytes: args.max_label_bytes,
+        refusal_log: args.limited.log_refusals.into(),
+        refusal_log_rate: args.limited.refusal_log_rate,
     };
     let limiter = Arc::new(Limiter::new(rules, store, Arc::new(SystemClock), options));
     let tls = match (&args.tls_cert, &args.tls_key) {

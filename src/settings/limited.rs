@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::values::{at_least_one, parse_duration};
 use crate::limited::LimitedOptions;
+use crate::limiter::RefusalLog;
 
 /// The view of the heaviest limited clients, and who may reset counters.
 #[derive(Debug, Clone, Args)]
@@ -41,11 +42,46 @@ pub struct LimitedArgs {
     )]
     pub metric_ranks: usize,
 
+    /// At which level refusals are logged: each with every descriptor of
+    /// the request, the rule and its file:line, the request and trace ids.
+    #[arg(long = "log-refusals", env = "TOLLGATE_LOG_REFUSALS", value_enum, default_value_t = RefusalLogArg::Info)]
+    pub log_refusals: RefusalLogArg,
+
+    /// The most refusal lines a second (one key at most once a second in
+    /// any case); each line counts the refusals left unlogged before it.
+    #[arg(
+        long = "refusal-log-rate",
+        env = "TOLLGATE_REFUSAL_LOG_RATE",
+        default_value_t = 100
+    )]
+    pub refusal_log_rate: u32,
+
     /// A file of bearer tokens that may reset counters on the admin port
     /// (POST /counters/reset), one per line, optionally `NAME:TOKEN` (the
     /// name is logged with each reset). Without it, resets are refused.
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+}
+
+/// `--log-refusals`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefusalLogArg {
+    /// Not logged (still counted in metrics and in /limited).
+    Off,
+    /// At info.
+    Info,
+    /// At warn (shown at the `ratelimit` mode's default level).
+    Warn,
+}
+
+impl From<RefusalLogArg> for RefusalLog {
+    fn from(arg: RefusalLogArg) -> Self {
+        match arg {
+            RefusalLogArg::Off => RefusalLog::Off,
+            RefusalLogArg::Info => RefusalLog::Info,
+            RefusalLogArg::Warn => RefusalLog::Warn,
+        }
+    }
 }
 
 fn parse_window(text: &str) -> Result<Duration, String> {

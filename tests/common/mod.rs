@@ -95,6 +95,14 @@ impl Tollgate {
             let left = deadline.saturating_duration_since(Instant::now());
             match lines.recv_timeout(left) {
                 Ok(line) => {
+                    // With --log-format json, the same lines as JSON objects.
+                    let line = match serde_json::from_str::<serde_json::Value>(&line) {
+                        Ok(v) if v["fields"]["listener"].is_string() => format!(
+                            "tollgate: {}",
+                            v["fields"]["message"].as_str().unwrap_or_default()
+                        ),
+                        _ => line,
+                    };
                     if let Some(addr) = line.strip_prefix("tollgate: admin listening on ") {
                         admin = Some(addr.parse().expect("address"));
                     }

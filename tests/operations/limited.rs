@@ -217,3 +217,91 @@ fn a_short_token_is_refused_at_start() {
         run.stderr
     );
 }
+
+/// A refusal line a support engineer can search: at warn when asked, JSON
+/// objects for the descriptors, the rule and its file:line, the request id
+/// and trace id from the call's metadata (or a descriptor entry), and a
+/// bound on lines per second.
+#[tokio::test]
+async fn refusals_are_logged_with_the_request_and_its_ids() {
+    let server = Tollgate::start(
+        RULES,
+        &[
+            "--log-format",
+            "json",
+            "--log-level",
+            "warn",
+            "--log-refusals",
+            "warn",
+            "--refusal-log-rate",
+            "5",
+        ],
+    );
+    let mut client = server.client().await;
+    for i in 0..6 {
+        let mut call =
+            tonic::Request::new(request("api", &[&[("user", "ann")], &[("path", "/login")]]));
+        call.metadata_mut()
+            .insert("x-request-id", format!("req-{i}").parse().expect("value"));
+        call.metadata_mut().insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .expect("value"),
+        );
+        client.should_rate_limit(call).await.expect("answer");
+    }
+    crate::common::wait_until(
+        "the refusal line",
+        std::time::Duration::from_secs(5),
+        || server.log_count("req-5") == 1,
+    );
+    let log = server.stderr.lock().expect("log").clone();
+    let line: Value = log
+        .lines()
+        .filter(|l| l.contains("req-5"))
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("a JSON line");
+    assert_eq!(line["level"], "WARN");
+    assert_eq!(line["target"], "tollgate::refusal");
+    let fields = &line["fields"];
+    assert_eq!(fields["rule"], "api.user");
+    assert!(
+        fields["source"]
+            .as_str()
+            .expect("source")
+            .ends_with("rules.yaml:3"),
+        "{fields}"
+    );
+    assert_eq!(fields["request_id"], "req-5");
+    assert_eq!(fields["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        fields["descriptors"],
+        json!([[{"key": "user", "value": "ann"}], [{"key": "path", "value": "/login"}]])
+    );
+    assert_eq!(
+        fields["descriptor"],
+        json!([{"key": "user", "value": "ann"}])
+    );
+    // A flood of 200 keys in one go: at most 5 lines a second.
+    let before = server.log_count("tollgate::refusal");
+    let started = std::time::Instant::now();
+    for i in 0..200 {
+        for _ in 0..6 {
+            ask(
+                &mut client,
+                request("api", &[&[("user", &format!("k{i}"))]]),
+            )
+            .await;
+        }
+    }
+    // Each second the flood touched (its first and last partly): 5 lines.
+    let seconds = started.elapsed().as_secs() + 2;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let lines = (server.log_count("tollgate::refusal") - before) as u64;
+    assert!(
+        (1..=5 * seconds).contains(&lines),
+        "{lines} lines in {seconds} s"
+    );
+    assert!(server.log_count("\"not_logged\":") >= 1);
+}

@@ -482,7 +482,7 @@ async fn global_shadow_mode_reports_ok_and_counts() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_flood_of_refusals_logs_one_line_per_key_and_window() {
+async fn a_flood_of_refusals_logs_one_line_per_key_and_second() {
     let server = Tollgate::start(&rules(1), &[]);
     let mut client = server.client().await;
     for _ in 0..50 {
@@ -509,12 +509,12 @@ async fn a_flood_of_refusals_logs_one_line_per_key_and_window() {
             == 1)
         .await
     );
-    assert_eq!(
-        server.log_count("over the limit"),
-        3,
-        "one line each for flood, other and marker"
-    );
-    assert_eq!(server.log_count("\"flood\""), 1);
+    // One line each for flood, other and marker; the 50 calls may straddle
+    // a second, which allows flood one more.
+    let lines = server.log_count("over the limit");
+    assert!((3..=4).contains(&lines), "{lines} lines");
+    let flood = server.log_count("\"flood\"");
+    assert!((1..=2).contains(&flood), "{flood} lines for one key");
 }
 
 #[test]

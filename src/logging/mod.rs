@@ -16,6 +16,12 @@
 //! one per request), so they are summarised too (how many, and the last),
 //! once per interval; its errors still print as they come.
 
+mod call;
+mod json;
+
+pub(crate) use call::{CallIds, call_ids, with_call_ids};
+pub(crate) use json::REFUSAL_TARGET;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -282,6 +288,9 @@ pub fn init(level: &str, json: bool) -> Result<(), String> {
     let output = if json {
         tracing_subscriber::fmt::layer()
             .json()
+            .event_format(json::JsonLines {
+                inner: tracing_subscriber::fmt::format().json(),
+            })
             .with_writer(std::io::stderr)
             .with_ansi(false)
             .with_filter(filter)
