@@ -8,6 +8,7 @@
 #   loadtest/ab.sh DIR_A DIR_B          # each DIR holds tollgate and tollgate-load
 #   PAIRS=10 loadtest/ab.sh /tmp/before target/release
 #   SERVE_ARGS="--candidate-rules loadtest/rules-grpc.yaml" loadtest/ab.sh A B   # more serve flags, both sides
+#   RULES=loadtest/rules-grpc-refused.yaml loadtest/ab.sh A B                   # other rules (default rules-grpc.yaml)
 # Keep a build for later with: cp target/release/tollgate{,-load} /tmp/before/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ for i in $(seq 1 "${PAIRS:-5}"); do
     for side in A B; do
         dir=$1; [ "$side" = B ] && dir=$2
         port=$(free_port)
-        taskset -c 0 "$dir/tollgate" serve --rules loadtest/rules-grpc.yaml --grpc-addr "127.0.0.1:$port" \
+        taskset -c 0 "$dir/tollgate" serve --rules "${RULES:-loadtest/rules-grpc.yaml}" --grpc-addr "127.0.0.1:$port" \
             --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 ${SERVE_ARGS:-} >/dev/null 2>&1 &
         server=$!
         wait_port "$port"
