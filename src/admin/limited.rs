@@ -8,7 +8,19 @@ use super::AdminState;
 
 /// `GET /limited[?domain=D][&search=TEXT]`: JSON, heaviest rule and client
 /// first.
-pub(super) async fn limited(State(s): State<AdminState>, uri: Uri) -> Response {
+pub(super) async fn limited(
+    State(s): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    uri: Uri,
+) -> Response {
+    // A browser asking for a page gets the page.
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("text/html") && !accept.contains("application/json") {
+        return axum::response::Redirect::to("/ui").into_response();
+    }
     let Some(limited) = &s.limited else {
         return (
             StatusCode::NOT_FOUND,

@@ -6,6 +6,7 @@ mod counters;
 mod guard;
 mod json;
 mod limited;
+mod ui;
 
 pub(crate) use guard::{Access, read_tokens};
 pub use json::request_from_json;
@@ -68,6 +69,9 @@ pub(crate) fn router(
         .route("/limited", get(limited::limited))
         .route("/counters", post(counters::counters))
         .route("/counters/reset", post(counters::reset))
+        .route("/ui", get(ui::page))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .layer(axum::extract::DefaultBodyLimit::max(
             limiter.options().bounds.request_bytes,
         ))

@@ -156,3 +156,59 @@ async fn json_can_be_turned_off() {
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(r.body.contains("--admin-json off"), "{}", r.body);
 }
+
+/// The admin page as a person sees it: the heavy client and its rule, the
+/// rules in force and the store's health, read from the DOM after its
+/// script ran in Chromium; a client value that is HTML stays text; the page
+/// loads nothing from elsewhere and says so in its policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_page_shows_who_is_limited() {
+    let server = Tollgate::start(RULES, &[]);
+    let mut client = server.client().await;
+    for _ in 0..10 {
+        ask(
+            &mut client,
+            request("d", &[&[("user", "ann")], &[("path", "/login")]]),
+        )
+        .await;
+    }
+    let html = "<img src=x onerror=\"document.title='owned'\">";
+    for _ in 0..3 {
+        ask(&mut client, request("d", &[&[("user", html)]])).await;
+    }
+    let page = http(server.admin, "GET", "/ui", &[]).expect("page");
+    assert_eq!(page.status, 200);
+    let csp = page.header("content-security-policy").expect("a policy");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(
+        !page.body.contains("http://") && !page.body.contains("https://"),
+        "no external asset"
+    );
+    assert!(!page.body.contains("<script>"), "no inline script");
+    let dom = chromium(&format!("http://{}/ui", server.admin), 4_000);
+    assert!(dom.contains("d.user"), "the rule: {dom}");
+    assert!(
+        dom.contains("user=ann | path=/login"),
+        "the heavy client and its request: {dom}"
+    );
+    assert!(dom.contains("store: OK"), "the store's health: {dom}");
+    assert!(
+        dom.contains("rate_limit") || dom.contains("d.user:"),
+        "the rules in force: {dom}"
+    );
+    assert!(
+        dom.contains("user=&lt;img src=x"),
+        "HTML from a client is text: {dom}"
+    );
+    assert!(!dom.contains("<title>owned"), "and never runs");
+    // A browser asking /limited for HTML is sent to the page.
+    let limited =
+        http(server.admin, "GET", "/limited", &[("Accept", "text/html")]).expect("limited");
+    assert_eq!(
+        (limited.status, limited.header("location")),
+        (303, Some("/ui"))
+    );
+}

@@ -1,0 +1,88 @@
+// The admin page: who is being limited now, the rules in force and the
+// store's health, refreshed every 2 s. Every value a client sent is shown
+// with textContent, never parsed as HTML.
+"use strict";
+
+const REFRESH_MS = 2000;
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function descriptorsText(descriptors) {
+  return descriptors
+    .map((d) => d.map((e) => e.key + "=" + e.value).join(", "))
+    .join(" | ");
+}
+
+function renderLimited(view) {
+  const box = document.getElementById("limited");
+  box.replaceChildren();
+  document.getElementById("window").textContent =
+    "The last " + view.window_seconds + " s, this instance (" + view.scope +
+    "); up to " + view.slots + " clients per rule.";
+  if (view.rules.length === 0) {
+    box.append(el("p", "Nobody is being limited.", "note"));
+    return;
+  }
+  for (const rule of view.rules) {
+    const title = el("h3");
+    title.append(el("code", rule.rule));
+    title.append(" (" + rule.domain + ") " + rule.refused + " refused");
+    if (rule.source) title.append(el("span", " at " + rule.source, "note"));
+    box.append(title);
+    const table = el("table");
+    const head = el("tr");
+    for (const h of ["client (every descriptor of its last refused request)", "refused", "admitted", "share", "first refused", "last refused"]) {
+      head.append(el("th", h));
+    }
+    table.append(head);
+    for (const c of rule.clients) {
+      const row = el("tr");
+      const who = el("td");
+      who.append(el("code", descriptorsText(c.descriptors)));
+      row.append(who);
+      row.append(el("td", c.refused + (c.error ? " (±" + c.error + ")" : ""), "n"));
+      row.append(el("td", c.admitted, "n"));
+      row.append(el("td", Math.round(c.share * 100) + " %", "n"));
+      row.append(el("td", c.first_refused));
+      row.append(el("td", c.last_refused));
+      table.append(row);
+    }
+    box.append(table);
+  }
+}
+
+async function refresh() {
+  const search = document.getElementById("search").value.trim();
+  const query = search ? "?search=" + encodeURIComponent(search) : "";
+  try {
+    const limited = await fetch("/limited" + query, { headers: { Accept: "application/json" } });
+    renderLimited(await limited.json());
+  } catch (e) {
+    document.getElementById("limited").replaceChildren(el("p", "Could not read /limited: " + e, "note"));
+  }
+  try {
+    const health = await fetch("/healthcheck");
+    const text = (await health.text()).trim();
+    const pill = document.getElementById("health");
+    pill.textContent = health.ok ? "store: " + text : "unhealthy: " + text;
+    pill.className = "pill " + (health.ok ? "ok" : "bad");
+  } catch (e) {
+    document.getElementById("health").textContent = "unreachable";
+  }
+  try {
+    const rules = await fetch("/rlconfig");
+    document.getElementById("rules").textContent = await rules.text();
+  } catch (e) {
+    document.getElementById("rules").textContent = "Could not read /rlconfig: " + e;
+  }
+  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+}
+
+document.getElementById("search").addEventListener("input", refresh);
+refresh();
+setInterval(refresh, REFRESH_MS);
