@@ -29,6 +29,11 @@ ensure_test_deps() {
         echo "deps: installing chromium" >&2
         apt_install chromium
     fi
+    # `tollgate top` is tested in a terminal, as a person runs it.
+    if ! command -v tmux >/dev/null; then
+        echo "deps: installing tmux" >&2
+        apt_install tmux
+    fi
     # The TLS test makes its own certificate.
     command -v openssl >/dev/null || apt_install openssl
     # The Debian package starts a system Redis on 6379; the tests start their

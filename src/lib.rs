@@ -33,6 +33,8 @@
 //!   rate for Envoys that enforce them locally.
 //! - `limited`: who is being limited now: per rule, the heaviest refused
 //!   clients, bounded (`/limited`, the admin page, `tollgate top`).
+//! - `top`: `tollgate top`, who is being limited in a terminal (a client
+//!   of the admin port's `/limited`).
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic; `report`:
 //!   what both produce, and its summary, series and HTML report.
@@ -74,6 +76,7 @@ pub(crate) mod settings;
 pub(crate) mod shards;
 pub(crate) mod simulate;
 pub(crate) mod stats;
+pub(crate) mod top;
 pub(crate) mod xds;
 
 pub use admin::request_from_json;
@@ -85,6 +88,7 @@ pub use settings::{
     CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, RuleLoadArgs, ServeArgs, unknown_env,
 };
 pub use simulate::run_cli as run_simulate;
+pub use top::{TopOptions, run as run_top};
 
 /// What the integration tests drive directly (with the `test-util`
 /// feature, which the crate's own dev-dependency turns on): not part of

@@ -69,6 +69,13 @@ fn main() -> ExitCode {
             serve(*args)
         }
         Command::Check(args) => check(args),
+        Command::Top(args) => match tollgate::run_top(&args.options()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tollgate top: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Simulate(args) => {
             let simulation = args.simulation();
             match tollgate::run_simulate(

@@ -63,6 +63,42 @@ pub enum Command {
     /// generated traffic) through rule sets on a simulated clock and report
     /// what each rule would have refused.
     Simulate(Box<SimulateArgs>),
+    /// Who is being limited, in the terminal: a running Tollgate's
+    /// /limited, refreshed (Ctrl-C to quit).
+    Top(TopArgs),
+}
+
+/// `tollgate top`.
+#[derive(Debug, Args, Clone)]
+pub struct TopArgs {
+    /// The admin port of a running Tollgate (`http://HOST:PORT`).
+    #[arg(long, default_value = "http://127.0.0.1:6070")]
+    pub admin: String,
+    /// How often to refresh.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Only this domain's rules.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Only clients with a descriptor key or value containing this.
+    #[arg(long)]
+    pub search: Option<String>,
+    /// Print once and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+impl TopArgs {
+    /// What to run.
+    pub fn options(&self) -> crate::top::TopOptions {
+        crate::top::TopOptions {
+            admin: self.admin.clone(),
+            interval: self.interval,
+            domain: self.domain.clone(),
+            search: self.search.clone(),
+            once: self.once,
+        }
+    }
 }
 
 /// `tollgate simulate`.

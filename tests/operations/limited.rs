@@ -305,3 +305,95 @@ async fn refusals_are_logged_with_the_request_and_its_ids() {
     );
     assert!(server.log_count("\"not_logged\":") >= 1);
 }
+
+/// `tollgate top` in a terminal (tmux), as a person runs it: the heavy
+/// client and its rule appear, and the screen refreshes.
+#[tokio::test(flavor = "multi_thread")]
+async fn tollgate_top_shows_the_heavy_client_in_a_terminal() {
+    let found = std::process::Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "tmux is needed by this test: install it (Debian: apt-get install tmux), or run ./scripts/test.sh, which installs it"
+    );
+    let server = Tollgate::start(RULES, &[]);
+    let mut client = server.client().await;
+    for _ in 0..12 {
+        ask(
+            &mut client,
+            request("api", &[&[("user", "ann")], &[("path", "/login")]]),
+        )
+        .await;
+    }
+    let session = format!("tollgate-top-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .args(args)
+            .output()
+            .expect("tmux runs")
+    };
+    let command = format!(
+        "{} top --admin http://{} --interval 300ms",
+        env!("CARGO_BIN_EXE_tollgate"),
+        server.admin
+    );
+    let started = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "140",
+        "-y",
+        "30",
+        &command,
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("tmux")
+                .args(["kill-session", "-t", &self.0])
+                .output();
+        }
+    }
+    let _kill = Kill(session.clone());
+    let screen = || {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout).into_owned()
+    };
+    crate::common::wait_until("top shows ann", std::time::Duration::from_secs(10), || {
+        screen().contains("user=ann | path=/login")
+    });
+    let first = screen();
+    assert!(first.contains("api.user (api)  7 refused"), "{first}");
+    assert!(first.contains("REFUSED"), "{first}");
+    // More refusals: the screen follows.
+    for _ in 0..3 {
+        ask(&mut client, request("api", &[&[("user", "ann")]])).await;
+    }
+    crate::common::wait_until("top refreshes", std::time::Duration::from_secs(10), || {
+        screen().contains("api.user (api)  10 refused")
+    });
+}
+
+#[test]
+fn tollgate_top_names_an_admin_port_it_cannot_reach() {
+    let port = crate::common::redis::free_port();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "top",
+            "--once",
+            "--admin",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        err.contains("tollgate top: http://127.0.0.1:") && err.contains("cannot connect"),
+        "{err}"
+    );
+}
