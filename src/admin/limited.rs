@@ -6,8 +6,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::AdminState;
 
-/// `GET /limited[?domain=D][&search=TEXT]`: JSON, heaviest rule and client
-/// first.
+/// `GET /limited[?domain=D][&search=TEXT][&scope=instance|merged]`: JSON,
+/// heaviest rule and client first.
 pub(super) async fn limited(
     State(s): State<AdminState>,
     headers: axum::http::HeaderMap,
@@ -29,7 +29,44 @@ pub(super) async fn limited(
             .into_response();
     };
     let query = Query::parse(uri.query());
-    let view = limited.view(query.get("domain"), query.get("search"), &s.limiter.rules());
+    let rules = s.limiter.rules();
+    let view = match (query.get("scope"), s.limiter.store()) {
+        (None | Some("instance"), _) => {
+            limited.view(query.get("domain"), query.get("search"), &rules)
+        }
+        (Some("merged"), crate::store::Store::Redis(store)) => {
+            match limited
+                .merged(store, (query.get("domain"), query.get("search")), &rules)
+                .await
+            {
+                Ok(view) => view,
+                Err(e) => {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the other instances' views could not be read: {e}\n"),
+                    )
+                        .into_response();
+                }
+            }
+        }
+        (Some("merged"), _) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "scope=merged needs a store instances share (Redis); this instance's view is all there is\n",
+            )
+                .into_response();
+        }
+        (Some(other), _) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "scope is instance or merged, not '{}'\n",
+                    crate::rules::printable(other)
+                ),
+            )
+                .into_response();
+        }
+    };
     match serde_json::to_string(&view) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),

@@ -8,7 +8,10 @@
 //! nothing, costs a lock of the thread's own shard and a look at the
 //! decision; otherwise a hash of each limited descriptor and a lookup.
 
+mod merged;
 mod sketch;
+
+pub(crate) use merged::PUBLISH_EVERY;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,6 +66,8 @@ pub(crate) struct Limited {
     shards: PerThread<Shard>,
     /// Refusals of rules past `--limited-rules`.
     untracked: AtomicU64,
+    /// This instance's name among those sharing a store.
+    instance: String,
 }
 
 /// One key and value of a descriptor.
@@ -91,9 +96,9 @@ pub(crate) struct ClientView {
     /// descriptor), hex.
     pub id: String,
     #[serde(skip)]
-    first_refused_at: Nanos,
+    pub(crate) first_refused_at: Nanos,
     #[serde(skip)]
-    last_refused_at: Nanos,
+    pub(crate) last_refused_at: Nanos,
 }
 
 /// One rule, as `/limited` shows it.
@@ -116,6 +121,9 @@ pub(crate) struct RuleView {
 pub(crate) struct View {
     /// `instance`: this instance's requests; `merged`: every instance's.
     pub scope: String,
+    /// Merged: how many instances' views are in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<usize>,
     pub window_seconds: u64,
     /// Clients held per rule: a client refused more than the rule's
     /// refusals divided by this is always shown.
@@ -142,7 +150,19 @@ impl Limited {
             clock,
             shards: PerThread::new(),
             untracked: AtomicU64::new(0),
+            instance: String::from("this instance"),
         }
+    }
+
+    /// The same, named `instance` among the instances sharing a store.
+    pub(crate) fn named(mut self, instance: String) -> Self {
+        self.instance = instance;
+        self
+    }
+
+    /// Its name among the instances sharing a store.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// Drops rules with nothing left in the window, so a quiet thread's
@@ -225,6 +245,7 @@ impl Limited {
         });
         let mut view = View {
             scope: "instance".into(),
+            instances: None,
             window_seconds: self.options.window.as_secs(),
             slots: self.options.clients,
             rules: merged

@@ -342,6 +342,23 @@ fn parts(
                 l.sweep();
             }
         })));
+        // On a shared store, this instance's view of who is limited is
+        // published for the others' merged view.
+        if let (Some(view), crate::store::Store::Redis(_)) = (&limited, limiter.store()) {
+            let (view, publisher) = (view.clone(), limiter.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::limited::PUBLISH_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if let crate::store::Store::Redis(store) = publisher.store()
+                        && let Err(error) = view.publish(store, &publisher.rules()).await
+                    {
+                        tracing::debug!(%error, "the view of who is limited was not published");
+                    }
+                }
+            }));
+        }
         // Quota streams: reloaded rules, the store's totals, and pushes of
         // assignments that changed.
         let ticking = quotas.clone();

@@ -214,10 +214,9 @@ pub(crate) fn prepare(
         admin_access = admin_access.with_tokens(crate::admin::read_tokens(path)?);
     }
     let limited = args.limited.options().map(|options| {
-        Arc::new(crate::limited::Limited::new(
-            options,
-            limiter.clock().clone(),
-        ))
+        Arc::new(
+            crate::limited::Limited::new(options, limiter.clock().clone()).named(instance_name()),
+        )
     });
     let limiter_connections = limiter.metrics().connections.clone();
     let serve = super::Serve {

@@ -397,3 +397,48 @@ fn tollgate_top_names_an_admin_port_it_cannot_reach() {
         "{err}"
     );
 }
+
+/// Two instances on one Redis: each sees its own refusals; the merged view
+/// (from either) sums a client's over both.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_merged_view_sums_the_instances_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = ["--store", "redis", "--redis-url", url.as_str()];
+    let a = Tollgate::start(RULES, &args);
+    let b = Tollgate::start(RULES, &args);
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    for _ in 0..15 {
+        ask(&mut ca, request("api", &[&[("user", "ann")]])).await;
+    }
+    for _ in 0..15 {
+        ask(&mut cb, request("api", &[&[("user", "ann")]])).await;
+    }
+    let refused = |admin, query: &str| {
+        let view = json_of(&http(admin, "GET", &format!("/limited{query}"), &[]).expect("admin"));
+        (
+            view["scope"].as_str().unwrap_or_default().to_owned(),
+            view["rules"][0]["clients"][0]["refused"]
+                .as_u64()
+                .unwrap_or(0),
+        )
+    };
+    assert_eq!(refused(a.admin, ""), ("instance".to_owned(), 10));
+    assert_eq!(refused(b.admin, ""), ("instance".to_owned(), 15));
+    // Each publishes every 5 s.
+    crate::common::wait_until(
+        "the merged view",
+        std::time::Duration::from_secs(15),
+        || {
+            refused(a.admin, "?scope=merged") == ("merged".to_owned(), 25)
+                && refused(b.admin, "?scope=merged") == ("merged".to_owned(), 25)
+        },
+    );
+    let merged = json_of(&http(a.admin, "GET", "/limited?scope=merged", &[]).expect("admin"));
+    assert_eq!(merged["instances"], 2);
+    assert_eq!(merged["rules"][0]["refused"], 25);
+    // On the memory store there is nothing to merge: said so.
+    let alone = Tollgate::start(RULES, &[]);
+    let r = http(alone.admin, "GET", "/limited?scope=merged", &[]).expect("admin");
+    assert_eq!(r.status, 400, "{}", r.body);
+}

@@ -38,6 +38,7 @@ mod refund;
 mod reset;
 mod script;
 mod slots;
+mod views;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -73,6 +74,7 @@ struct Inner {
     refund: Lua,
     cancel: Lua,
     reset: Lua,
+    views: Lua,
     quota: Lua,
     breaker: Breaker,
     /// Confirming PINGs and cancellations, for `/metrics`.
@@ -178,6 +180,7 @@ impl RedisStore {
                 refund: Lua::new(include_str!("refund.lua").to_owned()),
                 cancel: Lua::new(include_str!("cancel.lua").to_owned()),
                 reset: Lua::new(include_str!("reset.lua").to_owned()),
+                views: Lua::new(include_str!("views.lua").to_owned()),
                 quota: Lua::new(include_str!("quota.lua").to_owned()),
                 breaker: Breaker::default(),
                 events: Arc::default(),

@@ -1,0 +1,149 @@
+//! Every instance's view together (`/limited?scope=merged`): on a shared
+//! store (Redis), each instance publishes its view every
+//! [`PUBLISH_EVERY`] (its [`PUBLISHED_RULES`] heaviest rules), and the one
+//! asked adds its own, fresh, to the others' that are recent.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ClientView, Limited, RuleView, View, rfc3339};
+use crate::clock::{NANOS_PER_SEC, Nanos};
+use crate::rules::RuleSet;
+use crate::store::StoreError;
+use crate::store::redis::RedisStore;
+
+/// How often each instance publishes its view.
+pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(5);
+/// A published view older than this is left out (its instance is gone).
+const STALE_AFTER: Nanos = 3 * 5 * NANOS_PER_SEC;
+/// The heaviest rules an instance publishes (bounding what each writes).
+pub(crate) const PUBLISHED_RULES: usize = 50;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Published {
+    /// When it was published (ns since the epoch).
+    at: Nanos,
+    view: View,
+}
+
+impl Limited {
+    /// Publishes this instance's view to `store`, under its name.
+    pub(crate) async fn publish(
+        &self,
+        store: &RedisStore,
+        rules: &RuleSet,
+    ) -> Result<(), StoreError> {
+        let instance = self.instance();
+        let mut view = self.view(None, None, rules);
+        view.rules.truncate(PUBLISHED_RULES);
+        let published = Published {
+            at: self.clock.now(),
+            view,
+        };
+        let body = serde_json::to_string(&published)
+            .map_err(|e| StoreError::Script(format!("view: {e}")))?;
+        store
+            .put_view(instance, &body, Duration::from_nanos(2 * STALE_AFTER))
+            .await
+    }
+
+    /// This instance's view (fresh) and every other instance's recent one,
+    /// merged: a client's counts summed over instances.
+    pub(crate) async fn merged(
+        &self,
+        store: &RedisStore,
+        (domain, search): (Option<&str>, Option<&str>),
+        rules: &RuleSet,
+    ) -> Result<View, StoreError> {
+        let now = self.clock.now();
+        let mut views = vec![self.view(domain, None, rules)];
+        for (name, body) in store.views().await? {
+            if name == self.instance() {
+                continue;
+            }
+            let Ok(published) = serde_json::from_str::<Published>(&body) else {
+                continue;
+            };
+            if now.saturating_sub(published.at) <= STALE_AFTER {
+                views.push(published.view);
+            }
+        }
+        let mut view = merge(views, domain);
+        view.finish(self.options.clients, search);
+        Ok(view)
+    }
+}
+
+fn at(text: &str) -> Nanos {
+    text.parse::<jiff::Timestamp>()
+        .ok()
+        .and_then(|t| u64::try_from(t.as_nanosecond()).ok())
+        .unwrap_or(0)
+}
+
+/// The views of several instances as one (`scope: merged`).
+fn merge(views: Vec<View>, domain: Option<&str>) -> View {
+    let instances = views.len();
+    let window_seconds = views.first().map_or(0, |v| v.window_seconds);
+    let slots = views.first().map_or(0, |v| v.slots);
+    let mut rules: HashMap<String, (RuleView, HashMap<String, ClientView>)> = HashMap::new();
+    for view in views {
+        for rule in view.rules {
+            if domain.is_some_and(|d| d != rule.domain) {
+                continue;
+            }
+            let (merged, clients) = rules.entry(rule.rule.clone()).or_insert_with(|| {
+                (
+                    RuleView {
+                        clients: Vec::new(),
+                        refused: 0,
+                        ..rule.clone()
+                    },
+                    HashMap::new(),
+                )
+            });
+            merged.refused += rule.refused;
+            if merged.source.is_none() {
+                merged.source = rule.source.clone();
+            }
+            for mut c in rule.clients {
+                c.first_refused_at = at(&c.first_refused);
+                c.last_refused_at = at(&c.last_refused);
+                match clients.get_mut(&c.id) {
+                    None => {
+                        clients.insert(c.id.clone(), c);
+                    }
+                    Some(m) => {
+                        m.refused += c.refused;
+                        m.admitted += c.admitted;
+                        m.error += c.error;
+                        if c.first_refused_at < m.first_refused_at {
+                            m.first_refused_at = c.first_refused_at;
+                            m.first_refused = rfc3339(c.first_refused_at);
+                        }
+                        if c.last_refused_at > m.last_refused_at {
+                            m.last_refused_at = c.last_refused_at;
+                            m.last_refused = rfc3339(c.last_refused_at);
+                            m.descriptors = c.descriptors;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    View {
+        scope: "merged".into(),
+        instances: Some(instances),
+        window_seconds,
+        slots,
+        rules: rules
+            .into_values()
+            .map(|(mut rule, clients)| {
+                rule.clients = clients.into_values().collect();
+                rule
+            })
+            .collect(),
+    }
+}
