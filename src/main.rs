@@ -69,7 +69,7 @@ fn main() -> ExitCode {
             serve(*args)
         }
         Command::Check(args) => check(args),
-        Command::Top(args) => match tollgate::run_top(&args.options()) {
+        Command::Top(args) => match args.options().and_then(|o| tollgate::run_top(&o)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("tollgate top: {e}");

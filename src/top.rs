@@ -20,6 +20,8 @@ pub struct TopOptions {
     pub search: Option<String>,
     /// Print one frame and exit (no screen clearing).
     pub once: bool,
+    /// A bearer token (for `--admin-reads token`).
+    pub token: Option<String>,
 }
 
 /// Runs the view until interrupted (or once).
@@ -37,7 +39,7 @@ pub fn run(options: &TopOptions) -> Result<(), String> {
         false => format!("{path_prefix}/limited?{}", query.join("&")),
     };
     loop {
-        let frame = match get(&host, &path) {
+        let frame = match get(&host, &path, options.token.as_deref()) {
             Ok(body) => match serde_json::from_str::<View>(&body) {
                 Ok(view) => Ok(render(&view, &options.admin, width())),
                 Err(e) => Err(format!(
@@ -106,7 +108,7 @@ fn encode(text: &str) -> String {
 }
 
 /// One GET over HTTP/1.1, the body if the answer is 200.
-fn get(host: &str, path: &str) -> Result<String, String> {
+fn get(host: &str, path: &str, token: Option<&str>) -> Result<String, String> {
     let addr = host
         .to_socket_addrs()
         .map_err(|e| format!("{host}: {e}"))?
@@ -117,8 +119,9 @@ fn get(host: &str, path: &str) -> Result<String, String> {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
+    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{authorization}Connection: close\r\n\r\n"
     );
     stream
         .write_all(request.as_bytes())

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::{AdminState, guard, json};
-use crate::limiter::{Decision, LimitError};
+use crate::limiter::{BulkReset, BulkResetError, Decision, LimitError};
 use crate::rules::RuleSet;
 
 /// One limit of `/counters`.
@@ -85,6 +85,9 @@ pub(super) async fn counters(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(refused) = s.access.may_read(&headers) {
+        return refused;
+    }
     if let Some(answer) = not_json(&s, &headers, "/counters") {
         return answer;
     }
@@ -123,6 +126,12 @@ pub(super) async fn reset(
     if let Some(answer) = not_json(&s, &headers, "/counters/reset") {
         return answer;
     }
+    // No descriptors: a whole rule's or domain's counters.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&body)
+        && !fields.contains_key("descriptors")
+    {
+        return reset_all(&s, &who, &fields).await;
+    }
     domain_request!(&body, proto, request);
     match s.limiter.reset(&request).await {
         Ok(cleared) => {
@@ -145,6 +154,84 @@ pub(super) async fn reset(
                 .into_response()
         }
         Err(e) => error(e),
+    }
+}
+
+/// The most counters a bulk reset clears unless the body's `max_keys` says
+/// more.
+const MAX_KEYS: usize = 10_000;
+
+/// `{"domain": D, "rule": R, "confirm": R, "max_keys": N}` (without `rule`,
+/// the whole domain, confirmed by its name).
+async fn reset_all(
+    s: &AdminState,
+    who: &str,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> Response {
+    let text = |name: &str| fields.get(name).and_then(serde_json::Value::as_str);
+    let Some(domain) = text("domain").filter(|d| !d.is_empty()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "a reset names a domain, and descriptors (one client) or a rule (every client of it)\n",
+        )
+            .into_response();
+    };
+    let rule = text("rule");
+    let target = rule.unwrap_or(domain);
+    if text("confirm") != Some(target) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "resetting every counter of {} '{}' needs \"confirm\": \"{}\" in the body\n",
+                if rule.is_some() { "rule" } else { "domain" },
+                crate::rules::printable(target),
+                crate::rules::printable(target)
+            ),
+        )
+            .into_response();
+    }
+    let max_keys = match fields.get("max_keys") {
+        None => MAX_KEYS,
+        Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) => n,
+            None => {
+                return (StatusCode::BAD_REQUEST, "max_keys is a whole number\n").into_response();
+            }
+        },
+    };
+    match s.limiter.reset_all(domain, rule, max_keys).await {
+        Ok(done) => {
+            let (counters, body) = match done {
+                BulkReset::Restarted => (
+                    "all".to_owned(),
+                    serde_json::json!({"reset": "all", "by": who, "note": "the memory store starts every counter of it afresh"}),
+                ),
+                BulkReset::Deleted(n) => {
+                    (n.to_string(), serde_json::json!({"reset": n, "by": who}))
+                }
+            };
+            tracing::warn!(
+                by = who,
+                domain = crate::rules::printable(domain).as_ref(),
+                rule = rule.map(crate::rules::printable).as_deref(),
+                counters,
+                "counters reset by an operator"
+            );
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response()
+        }
+        Err(e @ BulkResetError::NoRule(..)) => {
+            (StatusCode::NOT_FOUND, format!("{e}\n")).into_response()
+        }
+        Err(e @ BulkResetError::TooMany(_)) => {
+            (StatusCode::CONFLICT, format!("{e}\n")).into_response()
+        }
+        Err(e @ BulkResetError::Store(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct Access {
     /// Who may reset counters: `(name, token)` from `--admin-token-file`;
     /// `None`: resets are off.
     pub tokens: Option<Vec<(String, String)>>,
+    /// Whether reading who is limited needs a token too (`--admin-reads token`).
+    pub reads_need_token: bool,
 }
 
 impl Access {
@@ -47,6 +49,7 @@ impl Access {
             json,
             refused: std::sync::atomic::AtomicU64::new(0),
             tokens: None,
+            reads_need_token: false,
         }
     }
 
@@ -54,6 +57,30 @@ impl Access {
     pub(crate) fn with_tokens(mut self, tokens: Vec<(String, String)>) -> Self {
         self.tokens = Some(tokens);
         self
+    }
+
+    /// Reads of who is limited need a token.
+    pub(crate) fn with_token_reads(mut self) -> Self {
+        self.reads_need_token = true;
+        self
+    }
+
+    /// `None` when `headers` may read who is limited; else the answer.
+    pub(super) fn may_read(&self, headers: &HeaderMap) -> Option<Response> {
+        if !self.reads_need_token {
+            return None;
+        }
+        match self.bearer(headers) {
+            Ok(_) => None,
+            Err((status, _)) => Some(
+                (
+                    status,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "reading who is limited needs Authorization: Bearer TOKEN (--admin-reads token)\n",
+                )
+                    .into_response(),
+            ),
+        }
     }
 
     /// The name of the token `headers` carry (`Authorization: Bearer T`),

@@ -13,6 +13,9 @@ pub(super) async fn limited(
     headers: axum::http::HeaderMap,
     uri: Uri,
 ) -> Response {
+    if let Some(refused) = s.access.may_read(&headers) {
+        return refused;
+    }
     // A browser asking for a page gets the page.
     let accept = headers
         .get(header::ACCEPT)

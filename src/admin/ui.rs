@@ -3,7 +3,10 @@
 //! Content-Security-Policy (scripts and styles from this port only, no
 //! inline script, no frames); client values shown as text, never as HTML.
 
-use axum::http::header;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+
+use super::AdminState;
 use axum::response::{IntoResponse, Response};
 
 const PAGE: &str = include_str!("ui/page.html");
@@ -26,7 +29,15 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-pub(super) async fn page() -> Response {
+pub(super) async fn page(State(s): State<AdminState>) -> Response {
+    // The page reads /limited without a token: with reads closed it is off.
+    if s.access.reads_need_token {
+        return (
+            StatusCode::FORBIDDEN,
+            "the page is off with --admin-reads token: use tollgate top --token-file, or /limited with a bearer token\n",
+        )
+            .into_response();
+    }
     asset("text/html; charset=utf-8", PAGE)
 }
 

@@ -23,6 +23,7 @@ use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 pub use headers::response_headers;
+pub use inspect::{BulkReset, BulkResetError};
 pub(crate) use observe::Observer;
 pub use options::{LimiterOptions, RefusalLog, RequestBounds};
 use plan::Plan;
@@ -40,6 +41,8 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
+    /// Rules and domains reset on the memory store (see `reset_all`).
+    generations: inspect::Generations,
     /// Which refusals were logged lately (see `log_refusal`).
     refusals: parking_lot::Mutex<observe::RefusalsLogged>,
     /// Shown every decided request (the candidate rules, the view of who
@@ -97,6 +100,7 @@ impl Limiter {
                 options.max_label_bytes,
             )),
             refusals: parking_lot::Mutex::new(observe::RefusalsLogged::default()),
+            generations: inspect::Generations::default(),
             observers: std::sync::OnceLock::new(),
             restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }

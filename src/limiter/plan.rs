@@ -94,6 +94,14 @@ impl Limiter {
             let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
             key.entry(k, value);
         }
+        // A rule or domain reset on the memory store counts afresh.
+        if self.store.answers_at_once() {
+            self.generations.salt(
+                request.domain,
+                rule.as_ref().map(|r| r.path.as_str()),
+                &mut key,
+            );
+        }
         let hits = descriptor.hits_addend.unwrap_or(hits_default);
         // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
         let enforced = !shadow && !self.options.shadow_mode;

@@ -213,6 +213,12 @@ pub(crate) fn prepare(
     if let Some(path) = &args.limited.admin_token_file {
         admin_access = admin_access.with_tokens(crate::admin::read_tokens(path)?);
     }
+    if args.limited.admin_reads == crate::settings::AdminReads::Token {
+        if args.limited.admin_token_file.is_none() {
+            return Err("--admin-reads token needs --admin-token-file (the tokens that may read); not starting".into());
+        }
+        admin_access = admin_access.with_token_reads();
+    }
     let limited = args.limited.options().map(|options| {
         Arc::new(
             crate::limited::Limited::new(options, limiter.clock().clone()).named(instance_name()),

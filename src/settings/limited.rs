@@ -56,11 +56,26 @@ pub struct LimitedArgs {
     )]
     pub refusal_log_rate: u32,
 
+    /// Who may read who is being limited (/limited, /counters, /ui): `open`
+    /// (anyone who reaches the admin port, as /metrics) or `token` (a bearer
+    /// token from --admin-token-file, as resets).
+    #[arg(long = "admin-reads", env = "TOLLGATE_ADMIN_READS", value_enum, default_value_t = AdminReads::Open)]
+    pub admin_reads: AdminReads,
+
     /// A file of bearer tokens that may reset counters on the admin port
     /// (POST /counters/reset), one per line, optionally `NAME:TOKEN` (the
     /// name is logged with each reset). Without it, resets are refused.
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+}
+
+/// `--admin-reads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdminReads {
+    /// Open to anyone who reaches the admin port.
+    Open,
+    /// A bearer token from --admin-token-file.
+    Token,
 }
 
 /// `--log-refusals`.

@@ -25,7 +25,7 @@ mod unknown;
 mod values;
 mod xds;
 
-pub(crate) use limited::LimitedArgs;
+pub(crate) use limited::{AdminReads, LimitedArgs};
 pub(crate) use otel::{OtelArgs, TracingProtocol};
 pub(crate) use redis_url::RedisUrl;
 pub use reference_defaults::REFERENCE_PROGRAM;
@@ -86,18 +86,33 @@ pub struct TopArgs {
     /// Print once and exit.
     #[arg(long)]
     pub once: bool,
+    /// A file whose first token (`TOKEN` or `NAME:TOKEN`) is sent as a
+    /// bearer token (for a Tollgate with --admin-reads token).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
 
 impl TopArgs {
-    /// What to run.
-    pub fn options(&self) -> crate::top::TopOptions {
-        crate::top::TopOptions {
+    /// What to run; the error names an unreadable token file.
+    pub fn options(&self) -> Result<crate::top::TopOptions, String> {
+        let token = match &self.token_file {
+            None => None,
+            Some(path) => Some(
+                crate::admin::read_tokens(path)?
+                    .into_iter()
+                    .map(|(_, token)| token)
+                    .next()
+                    .unwrap_or_default(),
+            ),
+        };
+        Ok(crate::top::TopOptions {
             admin: self.admin.clone(),
             interval: self.interval,
             domain: self.domain.clone(),
             search: self.search.clone(),
             once: self.once,
-        }
+            token,
+        })
     }
 }
 

@@ -29,7 +29,7 @@ fn json_of(r: &Response) -> Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }
 
-async fn scenario(store: &[&str]) {
+async fn scenario(store: &[&str], redis: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("# operators\n{TOKEN}\n")).expect("write tokens");
@@ -144,33 +144,79 @@ async fn scenario(store: &[&str]) {
     // bob was not reset.
     let bob = json_of(&post(server.admin, "/counters", &[], &client_body("bob")));
     assert_eq!(bob["limits"][0]["remaining"], 0);
+    // A whole rule: confirmed by its name; on Redis bounded by max_keys.
+    let all = |body: Value| {
+        post(
+            server.admin,
+            "/counters/reset",
+            &[("Authorization", BEARER)],
+            &body,
+        )
+    };
+    let unconfirmed = all(json!({"domain": "api", "rule": "api.user"}));
+    assert_eq!(unconfirmed.status, 400, "{}", unconfirmed.body);
+    assert!(
+        unconfirmed.body.contains("\"confirm\": \"api.user\""),
+        "{}",
+        unconfirmed.body
+    );
+    let unknown = all(json!({"domain": "api", "rule": "api.nope", "confirm": "api.nope"}));
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    if redis {
+        let bounded =
+            all(json!({"domain": "api", "rule": "api.user", "confirm": "api.user", "max_keys": 1}));
+        assert_eq!(bounded.status, 409, "{}", bounded.body);
+        let bob = json_of(&post(server.admin, "/counters", &[], &client_body("bob")));
+        assert_eq!(
+            bob["limits"][0]["remaining"], 0,
+            "a refused bulk reset resets nothing"
+        );
+    }
+    let rule = all(json!({"domain": "api", "rule": "api.user", "confirm": "api.user"}));
+    assert_eq!(rule.status, 200, "{}", rule.body);
+    if redis {
+        // bob, ann (1 hit since its reset) and the 60 light clients (twice
+        // if a minute began meanwhile: the sliding window's previous one).
+        let n = json_of(&rule)["reset"].as_u64().expect("a count");
+        assert!((62..=124).contains(&n), "{}", rule.body);
+    }
+    for user in ["bob", "light7", "ann"] {
+        let left = json_of(&post(server.admin, "/counters", &[], &client_body(user)));
+        assert_eq!(left["limits"][0]["remaining"], 5, "{user} afresh: {left}");
+    }
+    // A whole domain, the same way.
+    ask(&mut client, request("api", &[&[("user", "bob")]])).await;
+    let domain = all(json!({"domain": "api", "confirm": "api"}));
+    assert_eq!(domain.status, 200, "{}", domain.body);
+    let bob = json_of(&post(server.admin, "/counters", &[], &client_body("bob")));
+    assert_eq!(bob["limits"][0]["remaining"], 5, "{bob}");
     crate::common::wait_until(
         "the reset logged with who asked",
         std::time::Duration::from_secs(5),
         || {
-            server.log_count("counters reset by an operator") == 1
-                && server.log_count("by=\"ops\"") == 1
+            server.log_count("counters reset by an operator") == 3
+                && server.log_count("by=\"ops\"") == 3
         },
     );
 }
 
 #[tokio::test]
 async fn the_view_inspect_and_reset_on_the_memory_store() {
-    scenario(&[]).await;
+    scenario(&[], false).await;
 }
 
 #[tokio::test]
 async fn the_view_inspect_and_reset_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    scenario(&["--store", "redis", "--redis-url", &url]).await;
+    scenario(&["--store", "redis", "--redis-url", &url], true).await;
 }
 
 #[tokio::test]
 async fn the_view_inspect_and_reset_on_redis_cluster() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
-    scenario(&["--store", "redis-cluster", "--redis-url", &urls]).await;
+    scenario(&["--store", "redis-cluster", "--redis-url", &urls], true).await;
 }
 
 #[tokio::test]
@@ -441,4 +487,69 @@ async fn the_merged_view_sums_the_instances_on_redis() {
     let alone = Tollgate::start(RULES, &[]);
     let r = http(alone.admin, "GET", "/limited?scope=merged", &[]).expect("admin");
     assert_eq!(r.status, 400, "{}", r.body);
+}
+
+/// `--admin-reads token`: who is limited is read with a token only (the
+/// page is off), and `tollgate top --token-file` reads it.
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_can_be_closed_to_token_bearers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).expect("write tokens");
+    let tokens = tokens.to_string_lossy().into_owned();
+    let server = Tollgate::start(
+        RULES,
+        &["--admin-token-file", &tokens, "--admin-reads", "token"],
+    );
+    let mut client = server.client().await;
+    for _ in 0..7 {
+        ask(&mut client, request("api", &[&[("user", "ann")]])).await;
+    }
+    let closed = http(server.admin, "GET", "/limited", &[]).expect("admin");
+    assert_eq!(closed.status, 401, "{}", closed.body);
+    let inspect = post(server.admin, "/counters", &[], &client_body("ann"));
+    assert_eq!(inspect.status, 401);
+    let open = http(
+        server.admin,
+        "GET",
+        "/limited",
+        &[("Authorization", BEARER)],
+    )
+    .expect("admin");
+    assert_eq!(open.status, 200);
+    assert_eq!(json_of(&open)["rules"][0]["refused"], 2);
+    assert_eq!(
+        http(server.admin, "GET", "/ui", &[]).expect("admin").status,
+        403
+    );
+    let top = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "top",
+            "--once",
+            "--admin",
+            &format!("http://{}", server.admin),
+            "--token-file",
+            &tokens,
+        ])
+        .output()
+        .expect("runs");
+    let out = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.status.success() && out.contains("user=ann"),
+        "{out}{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    // Without the token file, reads cannot be closed.
+    let run = crate::common::run_briefly(
+        &["--rules", "examples/rules", "--admin-reads", "token"],
+        &[],
+    );
+    assert!(
+        !run.success
+            && run
+                .stderr
+                .contains("--admin-reads token needs --admin-token-file"),
+        "{}",
+        run.stderr
+    );
 }

@@ -76,7 +76,7 @@ pub(super) fn quota_key_names(
 }
 
 /// Appends `text` with `%`, `|`, `=`, `{` and `}` percent-encoded.
-fn escape_into(out: &mut String, text: &str) {
+pub(super) fn escape_into(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -87,6 +87,27 @@ fn escape_into(out: &mut String, text: &str) {
             c => out.push(c),
         }
     }
+}
+
+/// The text [`escape_into`] encoded; `None` for a malformed escape.
+pub(super) fn unescape(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i + 1..i + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "7C" => '|',
+            "3D" => '=',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// Short algorithm names used in key names.

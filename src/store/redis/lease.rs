@@ -125,6 +125,11 @@ impl Leases {
         }
     }
 
+    /// Drops every lease (counters were reset in bulk).
+    pub(super) fn clear(&self) {
+        self.table.lock().clear();
+    }
+
     /// Adds a granted lease of `check`.
     fn grant(&self, check: &Check, now: Nanos) {
         let (window, until) = validity(check, now);

@@ -62,6 +62,13 @@ impl OverLimitCache {
         true
     }
 
+    /// Forgets every key (counters were reset in bulk).
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().clear();
+        }
+    }
+
     /// Forgets `checks`' keys (their counters were reset).
     pub fn forget(&self, checks: &[Check]) {
         for check in checks {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use redis::Value;
 
 use super::RedisStore;
-use super::keys::{Slot, key_names, slot_of};
+use super::keys::{Slot, key_names, slot_of, unescape};
 use super::per_second::is_per_second;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};
@@ -58,5 +58,166 @@ impl RedisStore {
         }
         self.inner.leases.forget(&here);
         Ok(deleted)
+    }
+}
+
+/// Which counters a bulk reset takes, by their descriptor's entries.
+pub(crate) type Wanted<'a> = &'a (dyn Fn(&[(String, String)]) -> bool + Sync);
+
+/// The most keys one SCAN call is asked to look at.
+const SCAN_COUNT: usize = 1_000;
+/// Keys deleted per script call.
+const DELETE_BATCH: usize = 500;
+
+impl RedisStore {
+    /// The counters of `domain` (every master's, on a Cluster) whose
+    /// descriptor `wanted` accepts: their names, at most `max + 1` of them
+    /// (one more than `max` says there are more).
+    pub(crate) async fn counters_of(
+        &self,
+        domain: &str,
+        wanted: Wanted<'_>,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut pattern = String::new();
+        glob_escape(&self.inner.options.prefix, &mut pattern);
+        pattern.push('{');
+        let mut escaped = String::new();
+        super::keys::escape_into(&mut escaped, domain);
+        glob_escape(&escaped, &mut pattern);
+        pattern.push_str("|*");
+        let prefix_len = self.inner.options.prefix.len();
+        let mut found = Vec::new();
+        let conns = match &self.inner.cluster {
+            None => vec![self.conn().await?],
+            Some(cluster) => {
+                let mut conns = Vec::new();
+                for node in cluster.masters() {
+                    conns.push(
+                        self.conn_to(node.id, node.breaker.generation(), &node.url)
+                            .await?,
+                    );
+                }
+                conns
+            }
+        };
+        for mut conn in conns {
+            let mut cursor = 0u64;
+            loop {
+                let mut command = redis::cmd("SCAN");
+                command
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let scan = command.query_async::<(u64, Vec<String>)>(&mut conn);
+                let (next, names) = self.timed(scan).await?;
+                for name in names {
+                    let Some((_, entries)) = descriptor_of(&name[prefix_len.min(name.len())..])
+                    else {
+                        continue;
+                    };
+                    if !entries.is_empty() && wanted(&entries) {
+                        found.push(name);
+                        if found.len() > max {
+                            return Ok(found);
+                        }
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Deletes the counters named `names` (found by
+    /// [`RedisStore::counters_of`]), each hash slot's at once; returns how
+    /// many existed. Forgets the instance's over-limit cache and leases.
+    pub(crate) async fn delete_counters(&self, names: &[String]) -> Result<usize, StoreError> {
+        let mut by_slot: BTreeMap<Slot, Vec<&String>> = BTreeMap::new();
+        for name in names {
+            by_slot
+                .entry(slot_of(name.as_bytes()))
+                .or_default()
+                .push(name);
+        }
+        let timeout = self.inner.options.timeout;
+        let mut deleted = 0;
+        for (slot, names) in by_slot {
+            for batch in names.chunks(DELETE_BATCH) {
+                let mut inv = self.inner.reset.prepare_invoke();
+                for name in batch {
+                    inv.key(name.as_str());
+                }
+                let reply = tokio::time::timeout(timeout, self.invoke(slot, &inv))
+                    .await
+                    .map_err(|_| StoreError::Timeout(timeout))??;
+                if let Value::Int(n) = reply {
+                    deleted += usize::try_from(n).unwrap_or(0);
+                }
+            }
+        }
+        if let Some(cache) = &self.inner.over_limit {
+            cache.clear();
+        }
+        self.inner.leases.clear();
+        Ok(deleted)
+    }
+}
+
+/// Appends `text` with the glob characters of SCAN's MATCH escaped.
+fn glob_escape(text: &str, out: &mut String) {
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+/// The domain and entries of a counter's name (without the prefix):
+/// `{domain|k=v|...}:...`.
+fn descriptor_of(name: &str) -> Option<(String, Vec<(String, String)>)> {
+    let inner = name.strip_prefix('{')?;
+    let end = inner.find('}')?;
+    // Counters only (a call's receipt shares the hash tag, not the form).
+    let algorithm = inner[end + 1..].strip_prefix(':')?.get(..3)?;
+    if !matches!(algorithm, "sw:" | "fw:" | "tb:") {
+        return None;
+    }
+    let inner = &inner[..end];
+    let mut parts = inner.split('|');
+    let domain = unescape(parts.next()?)?;
+    let mut entries = Vec::new();
+    for part in parts {
+        let (k, v) = part.split_once('=')?;
+        entries.push((unescape(k)?, unescape(v)?));
+    }
+    Some((domain, entries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_back_their_descriptor() {
+        let (d, e) =
+            descriptor_of("{api|user=a%7Cb%3Dc|path=/login%25}:sw:minute:5").expect("parsed");
+        assert_eq!(d, "api");
+        assert_eq!(
+            e,
+            [
+                ("user".into(), "a|b=c".into()),
+                ("path".into(), "/login%".into())
+            ]
+        );
+        let mut p = String::new();
+        glob_escape("a*b?[c]", &mut p);
+        assert_eq!(p, "a\\*b\\?\\[c\\]");
     }
 }

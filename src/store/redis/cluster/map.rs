@@ -116,7 +116,7 @@ impl Cluster {
     }
 
     /// The masters of the current map.
-    pub(super) fn masters(&self) -> Vec<Arc<Node>> {
+    pub(in crate::store::redis) fn masters(&self) -> Vec<Arc<Node>> {
         self.topology.load().masters.clone()
     }
 
