@@ -315,6 +315,21 @@ pub fn run_briefly_as_given(args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
+/// Fails the test, saying what to install, unless `program` runs
+/// (`program --version` or `-V` succeeds).
+pub fn require_program(program: &str, package: &str) {
+    let runs = ["--version", "-V"].iter().any(|arg| {
+        Command::new(program)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        runs,
+        "{program} is needed by this test: install it (Debian: apt-get install {package}), or run ./scripts/test.sh, which installs it"
+    );
+}
+
 /// One ShouldRateLimit call that must succeed.
 pub async fn ask(
     client: &mut RateLimitServiceClient<Channel>,

@@ -38,14 +38,7 @@ fn serve_page(page: String) -> u16 {
 /// Opens `url` in headless Chromium and returns the page's DOM once its
 /// scripts have had `budget_ms` of (virtual) time.
 fn chromium(url: &str, budget_ms: u32) -> String {
-    let found = Command::new("chromium")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "chromium is needed by this test: install it (Debian: apt-get install chromium), or run ./scripts/test.sh, which installs it"
-    );
+    crate::common::require_program("chromium", "chromium");
     let profile = tempfile::tempdir().expect("profile dir");
     let out = Command::new("chromium")
         .args([

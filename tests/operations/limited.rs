@@ -356,14 +356,7 @@ async fn refusals_are_logged_with_the_request_and_its_ids() {
 /// client and its rule appear, and the screen refreshes.
 #[tokio::test(flavor = "multi_thread")]
 async fn tollgate_top_shows_the_heavy_client_in_a_terminal() {
-    let found = std::process::Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "tmux is needed by this test: install it (Debian: apt-get install tmux), or run ./scripts/test.sh, which installs it"
-    );
+    crate::common::require_program("tmux", "tmux");
     let server = Tollgate::start(RULES, &[]);
     let mut client = server.client().await;
     for _ in 0..12 {
