@@ -40,6 +40,9 @@ pub enum BulkResetError {
 /// counters expire unread.
 #[derive(Debug, Default)]
 pub(super) struct Generations {
+    /// Whether any rule or domain was ever reset: the hot path reads only
+    /// this until one is.
+    any: std::sync::atomic::AtomicBool,
     by_name: arc_swap::ArcSwap<HashMap<String, u64>>,
     next: AtomicU64,
 }
@@ -47,6 +50,9 @@ pub(super) struct Generations {
 impl Generations {
     /// Adds `domain`'s and `rule`'s generations to `key`, when reset.
     pub(super) fn salt(&self, domain: &str, rule: Option<&str>, key: &mut CounterKey) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
         let by_name = self.by_name.load();
         if by_name.is_empty() {
             return;
@@ -66,6 +72,7 @@ impl Generations {
             new.insert(name.clone(), generation);
             Arc::new(new)
         });
+        self.any.store(true, Ordering::Release);
     }
 }
 
