@@ -37,6 +37,16 @@ impl Limited {
     ) -> Result<(), StoreError> {
         let instance = self.instance();
         let mut view = self.view(None, None, rules);
+        // Nobody limited, and the others know it (or never heard of this
+        // instance): nothing to write. An idle instance costs Redis nothing.
+        let empty = view.rules.is_empty();
+        if self
+            .published_empty
+            .swap(empty, std::sync::atomic::Ordering::Relaxed)
+            && empty
+        {
+            return Ok(());
+        }
         view.rules.truncate(PUBLISHED_RULES);
         let published = Published {
             at: self.clock.now(),

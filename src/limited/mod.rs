@@ -68,6 +68,9 @@ pub(crate) struct Limited {
     untracked: AtomicU64,
     /// This instance's name among those sharing a store.
     instance: String,
+    /// Whether the view last published (or, before any, the absence of
+    /// one) says nobody is limited.
+    published_empty: std::sync::atomic::AtomicBool,
 }
 
 /// One key and value of a descriptor.
@@ -151,6 +154,7 @@ impl Limited {
             shards: PerThread::new(),
             untracked: AtomicU64::new(0),
             instance: String::from("this instance"),
+            published_empty: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
