@@ -48,7 +48,7 @@ struct FileSpec {
 }
 
 /// Which stats a mapping applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
     Counter,
     Gauge,
@@ -65,10 +65,24 @@ struct Mapping {
     help: Option<String>,
 }
 
+/// Where a stat goes: `None` when dropped; else the metric name, its
+/// labels (rendered) and its help.
+type Mapped = Option<(String, String, Option<String>)>;
+
+/// Names whose mapping is remembered; past it the memory starts over (the
+/// stat names are the limits' own, so this is reached only by a rule set of
+/// that many limits).
+const MAP_CACHE: usize = 100_000;
+
 /// A loaded mapping file.
 #[derive(Debug, Default)]
 pub(crate) struct Mapper {
     mappings: Vec<Mapping>,
+    /// Each stat name's mapping, found once (as statsd_exporter caches
+    /// them): a scrape walks the mappings only for names it has not seen.
+    cache: parking_lot::Mutex<std::collections::HashMap<(Kind, String), Mapped>>,
+    /// Names mapped by walking the mappings (cache misses), for tests.
+    walked: std::sync::atomic::AtomicU64,
 }
 
 fn text(value: &serde_json::Value, what: &str) -> Result<String, String> {
@@ -218,12 +232,36 @@ impl Mapper {
                 help,
             });
         }
-        Ok(Self { mappings })
+        Ok(Self {
+            mappings,
+            ..Self::default()
+        })
+    }
+
+    /// Where a stat goes, from the cache or found and remembered there.
+    fn map_cached(
+        &self,
+        cache: &mut std::collections::HashMap<(Kind, String), Mapped>,
+        name: &str,
+        kind: Kind,
+    ) -> Mapped {
+        let key = (kind, name.to_owned());
+        if let Some(mapped) = cache.get(&key) {
+            return mapped.clone();
+        }
+        self.walked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mapped = self.map(name, kind);
+        if cache.len() >= MAP_CACHE {
+            cache.clear();
+        }
+        cache.insert(key, mapped.clone());
+        mapped
     }
 
     /// Where a stat goes: `None` when dropped; else the metric name, its
     /// labels (rendered) and its help.
-    fn map(&self, name: &str, kind: Kind) -> Option<(String, String, Option<String>)> {
+    fn map(&self, name: &str, kind: Kind) -> Mapped {
         for m in &self.mappings {
             if m.kind.is_some_and(|k| k != kind) {
                 continue;
@@ -256,12 +294,13 @@ impl Mapper {
     pub(crate) fn render(&self, stats: &[Stat<'_>]) -> String {
         // name -> (kind, help, labels -> value or histogram)
         let mut series: BTreeMap<String, Family<'_>> = BTreeMap::new();
+        let mut cache = self.cache.lock();
         for stat in stats {
             let kind = match stat.value {
                 StatValue::Counter(_) => Kind::Counter,
                 StatValue::Timer(_) => Kind::Timer,
             };
-            let Some((name, labels, help)) = self.map(&stat.name, kind) else {
+            let Some((name, labels, help)) = self.map_cached(&mut cache, &stat.name, kind) else {
                 continue;
             };
             let entry = series
@@ -286,6 +325,7 @@ impl Mapper {
                 (StatValue::Timer(_), std::collections::btree_map::Entry::Occupied(_)) => {}
             }
         }
+        drop(cache);
         let mut out = String::new();
         for (name, (kind, help, all)) in &series {
             let help = help
@@ -379,6 +419,16 @@ mappings:
             },
         ];
         let text = mapper.render(&stats);
+        // Issue 33: each name is mapped once, then remembered: the next
+        // scrape walks no mapping and answers the same.
+        let walked = mapper.walked.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(walked, stats.len() as u64);
+        assert_eq!(mapper.render(&stats), text);
+        assert_eq!(
+            mapper.walked.load(std::sync::atomic::Ordering::Relaxed),
+            walked,
+            "the second scrape found every name in the cache"
+        );
         assert!(text.contains("# TYPE rl_total_hits counter\n"), "{text}");
         assert!(
             text.contains(r#"rl_total_hits{domain="gw",key1="user"} 4"#),

@@ -17,4 +17,5 @@ mod layers;
 mod limited;
 mod manifests;
 mod operations;
+mod scrapes;
 mod simulate;
