@@ -197,6 +197,24 @@ async fn the_admin_page_shows_who_is_limited() {
         "HTML from a client is text: {dom}"
     );
     assert!(!dom.contains("<title>owned"), "and never runs");
+    // One client's counters, asked in the address as a person can bookmark
+    // it: the page POSTs /counters (same origin) and shows what is left.
+    let dom = chromium(
+        &format!("http://{}/ui#inspect=d:user=ann", server.admin),
+        4_000,
+    );
+    assert!(
+        dom.contains("<th>resets in</th>"),
+        "the counters table: {dom}"
+    );
+    assert!(
+        dom.contains(r#"<td class="n">1 per day</td>"#),
+        "ann's limit: {dom}"
+    );
+    assert!(
+        dom.contains(r#"<td class="n">1</td><td class="n">0</td>"#),
+        "used 1, remaining 0: {dom}"
+    );
     // A browser asking /limited for HTML is sent to the page.
     let limited =
         http(server.admin, "GET", "/limited", &[("Accept", "text/html")]).expect("limited");

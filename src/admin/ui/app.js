@@ -83,6 +83,66 @@ async function refresh() {
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }
 
+// One client's counters: POST /counters with the descriptor typed as
+// "key=value, key=value" (or given in the address: #inspect=DOMAIN:key=value,...).
+async function inspect(domain, entriesText) {
+  const entries = entriesText
+    .split(",")
+    .map((pair) => pair.trim())
+    .filter((pair) => pair.length > 0)
+    .map((pair) => {
+      const at = pair.indexOf("=");
+      return at < 0 ? { key: pair, value: "" } : { key: pair.slice(0, at), value: pair.slice(at + 1) };
+    });
+  const box = document.getElementById("counters");
+  try {
+    const answer = await fetch("/counters", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ domain: domain, descriptors: [{ entries: entries }] }),
+    });
+    if (!answer.ok) {
+      box.replaceChildren(el("p", "POST /counters: " + answer.status + " " + (await answer.text()), "note"));
+      return;
+    }
+    const limits = (await answer.json()).limits;
+    if (limits.length === 0) {
+      box.replaceChildren(el("p", "No limit applies to this descriptor.", "note"));
+      return;
+    }
+    const table = el("table");
+    const head = el("tr");
+    for (const h of ["rule", "where", "algorithm", "limit", "used", "remaining", "resets in"]) head.append(el("th", h));
+    table.append(head);
+    for (const l of limits) {
+      const row = el("tr");
+      row.append(el("td", l.rule));
+      row.append(el("td", l.source || ""));
+      row.append(el("td", l.algorithm));
+      row.append(el("td", l.limit + " per " + l.unit, "n"));
+      row.append(el("td", l.used, "n"));
+      row.append(el("td", l.remaining, "n"));
+      row.append(el("td", (l.resets_in_ms / 1000).toFixed(1) + " s", "n"));
+      table.append(row);
+    }
+    box.replaceChildren(table);
+  } catch (e) {
+    box.replaceChildren(el("p", "Could not read /counters: " + e, "note"));
+  }
+}
+
+document.getElementById("inspect").addEventListener("submit", (event) => {
+  event.preventDefault();
+  inspect(document.getElementById("inspect-domain").value.trim(), document.getElementById("inspect-entries").value);
+});
+const asked = decodeURIComponent(location.hash.replace(/^#inspect=/, ""));
+if (location.hash.startsWith("#inspect=") && asked.indexOf(":") > 0) {
+  const domain = asked.slice(0, asked.indexOf(":"));
+  const entries = asked.slice(asked.indexOf(":") + 1);
+  document.getElementById("inspect-domain").value = domain;
+  document.getElementById("inspect-entries").value = entries;
+  inspect(domain, entries);
+}
 document.getElementById("search").addEventListener("input", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);
