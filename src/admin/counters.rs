@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{AdminState, guard, json};
-use crate::limiter::{BulkReset, BulkResetError, Decision, LimitError};
+use super::{AdminState, json};
+use crate::limiter::{BulkReset, BulkResetError, Decision};
 use crate::rules::RuleSet;
 
 /// One limit of `/counters`.
@@ -36,49 +36,6 @@ struct LimitView {
     shadow: bool,
 }
 
-/// The answer to a body not declared as JSON (which a cross-site page
-/// could send without a preflight), `None` for a JSON body.
-fn not_json(s: &AdminState, headers: &HeaderMap, what: &str) -> Option<Response> {
-    if guard::is_json(headers) {
-        return None;
-    }
-    s.access.count_refusal();
-    Some(
-        (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("POST {what} takes Content-Type: application/json\n"),
-        )
-            .into_response(),
-    )
-}
-
-fn error(e: LimitError) -> Response {
-    match e {
-        LimitError::InvalidArgument(reason) => {
-            (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
-        }
-        e @ LimitError::Unavailable(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
-        }
-    }
-}
-
-macro_rules! domain_request {
-    ($body:expr, $proto:ident, $request:ident) => {
-        let $proto = match json::request_from_json($body) {
-            Ok(r) => r,
-            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
-        };
-        let $request = match crate::rls::to_domain(&$proto) {
-            Ok(r) => r,
-            Err(status) => {
-                return (StatusCode::BAD_REQUEST, format!("{}\n", status.message()))
-                    .into_response();
-            }
-        };
-    };
-}
-
 /// `POST /counters`.
 pub(super) async fn counters(
     State(s): State<AdminState>,
@@ -88,13 +45,13 @@ pub(super) async fn counters(
     if let Some(refused) = s.access.may_read(&headers) {
         return refused;
     }
-    if let Some(answer) = not_json(&s, &headers, "/counters") {
+    if let Some(answer) = super::not_json(&s, &headers, "/counters") {
         return answer;
     }
     domain_request!(&body, proto, request);
     let decision = match s.limiter.peek(&request).await {
         Ok(d) => d,
-        Err(e) => return error(e),
+        Err(e) => return super::limit_error(e),
     };
     let limits = views(&decision, &request, &s.limiter.rules());
     (
@@ -123,7 +80,7 @@ pub(super) async fn reset(
             return answer;
         }
     };
-    if let Some(answer) = not_json(&s, &headers, "/counters/reset") {
+    if let Some(answer) = super::not_json(&s, &headers, "/counters/reset") {
         return answer;
     }
     // No descriptors: a whole rule's or domain's counters.
@@ -153,7 +110,7 @@ pub(super) async fn reset(
             )
                 .into_response()
         }
-        Err(e) => error(e),
+        Err(e) => super::limit_error(e),
     }
 }
 

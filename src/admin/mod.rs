@@ -2,6 +2,24 @@
 //! `/json` (a RateLimitRequest as JSON, as the reference's `/json`) and
 //! `/rlconfig` (the loaded rules, one line per limit).
 
+/// Parses the `/json` body `$body` into the proto `$proto` and the domain
+/// request `$request`, or returns 400 with the reason.
+macro_rules! domain_request {
+    ($body:expr, $proto:ident, $request:ident) => {
+        let $proto = match json::request_from_json($body) {
+            Ok(r) => r,
+            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        };
+        let $request = match crate::rls::to_domain(&$proto) {
+            Ok(r) => r,
+            Err(status) => {
+                return (StatusCode::BAD_REQUEST, format!("{}\n", status.message()))
+                    .into_response();
+            }
+        };
+    };
+}
+
 mod counters;
 mod guard;
 mod json;
@@ -219,24 +237,10 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
 async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
     // A cross-site page can send text/plain without a CORS preflight; it
     // cannot send application/json.
-    if !guard::is_json(&headers) {
-        s.access.count_refusal();
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "POST /json takes Content-Type: application/json\n",
-        )
-            .into_response();
+    if let Some(answer) = not_json(&s, &headers, "/json") {
+        return answer;
     }
-    let request = match json::request_from_json(&body) {
-        Ok(request) => request,
-        Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
-    };
-    let domain_request = match crate::rls::to_domain(&request) {
-        Ok(r) => r,
-        Err(status) => {
-            return (StatusCode::BAD_REQUEST, format!("{}\n", status.message())).into_response();
-        }
-    };
+    domain_request!(&body, request, domain_request);
     match s.limiter.should_rate_limit(&domain_request).await {
         Ok(decision) => {
             let code = if decision.over_limit {
@@ -252,10 +256,33 @@ async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> R
             )
                 .into_response()
         }
-        Err(LimitError::InvalidArgument(reason)) => {
+        Err(e) => limit_error(e),
+    }
+}
+
+/// The answer to a body not declared as JSON (which a cross-site page
+/// could send without a preflight), `None` for a JSON body.
+fn not_json(s: &AdminState, headers: &HeaderMap, what: &str) -> Option<Response> {
+    if guard::is_json(headers) {
+        return None;
+    }
+    s.access.count_refusal();
+    Some(
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("POST {what} takes Content-Type: application/json\n"),
+        )
+            .into_response(),
+    )
+}
+
+/// A request the limiter could not decide, as HTTP.
+fn limit_error(e: LimitError) -> Response {
+    match e {
+        LimitError::InvalidArgument(reason) => {
             (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()
         }
-        Err(e @ LimitError::Unavailable(_)) => {
+        e @ LimitError::Unavailable(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
         }
     }

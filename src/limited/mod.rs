@@ -352,11 +352,15 @@ impl Observer for Limited {
             let Some(descriptor) = request.descriptors.get(d) else {
                 continue;
             };
+            // The descriptor's identity, hashed once whatever its limits,
+            // and only when one of them needs it.
+            let mut hashed = None;
             for (applied, over, _, _) in status.limits() {
-                let id = client_id(domain, &descriptor.entries);
+                let mut id =
+                    || *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));
                 if !over {
                     if let Some(rule) = shard.rules.get_mut(&applied.policy) {
-                        rule.admit(id, epoch);
+                        rule.admit(id(), epoch);
                     }
                     continue;
                 }
@@ -374,7 +378,7 @@ impl Observer for Limited {
                     .entry(applied.policy.clone())
                     .or_insert_with(|| RuleSketch::new(domain.into(), applied.rule));
                 rule.rule = applied.rule;
-                rule.refuse((id, now, epoch), self.options.clients, || {
+                rule.refuse((id(), now, epoch), self.options.clients, || {
                     owned(request.descriptors.iter().map(|d| &d.entries[..]))
                 });
             }

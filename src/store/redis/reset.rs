@@ -25,33 +25,13 @@ impl RedisStore {
             let pool: Vec<Check> = pool.into_iter().cloned().collect();
             deleted += Box::pin(per_second.reset(&pool, now)).await?;
         }
-        let mut by_slot: BTreeMap<Slot, Vec<String>> = BTreeMap::new();
+        let mut names = Vec::with_capacity(here.len());
         for check in &here {
             let window = check.quota.window_at(now).index;
-            let (names, n) = key_names(&self.inner.options.prefix, &check.key, window);
-            for name in names.into_iter().take(n) {
-                by_slot
-                    .entry(slot_of(name.as_bytes()))
-                    .or_default()
-                    .push(name);
-            }
+            let (both, n) = key_names(&self.inner.options.prefix, &check.key, window);
+            names.extend(both.into_iter().take(n));
         }
-        let timeout = self.inner.options.timeout;
-        for (slot, names) in by_slot {
-            let mut inv = self.inner.reset.prepare_invoke();
-            for name in &names {
-                inv.key(name.as_str());
-            }
-            let reply = tokio::time::timeout(timeout, self.invoke(slot, &inv))
-                .await
-                .map_err(|_| StoreError::Timeout(timeout))??;
-            match reply {
-                Value::Int(n) => deleted += usize::try_from(n).unwrap_or(0),
-                other => {
-                    return Err(StoreError::Script(format!("reset: DEL answered {other:?}")));
-                }
-            }
-        }
+        deleted += self.delete_names(&names).await?;
         let here: Vec<Check> = here.into_iter().cloned().collect();
         if let Some(cache) = &self.inner.over_limit {
             cache.forget(&here);
@@ -138,6 +118,20 @@ impl RedisStore {
     /// [`RedisStore::counters_of`]), each hash slot's at once; returns how
     /// many existed. Forgets the instance's over-limit cache and leases.
     pub(crate) async fn delete_counters(&self, names: &[String]) -> Result<usize, StoreError> {
+        let deleted = self.delete_names(names).await?;
+        if let Some(cache) = &self.inner.over_limit {
+            cache.clear();
+        }
+        self.inner.leases.clear();
+        Ok(deleted)
+    }
+}
+
+impl RedisStore {
+    /// Deletes the keys `names`, each hash slot's in calls of at most
+    /// [`DELETE_BATCH`] keys (each call atomic), each within the store's
+    /// timeout; returns how many existed.
+    async fn delete_names(&self, names: &[String]) -> Result<usize, StoreError> {
         let mut by_slot: BTreeMap<Slot, Vec<&String>> = BTreeMap::new();
         for name in names {
             by_slot
@@ -145,7 +139,6 @@ impl RedisStore {
                 .or_default()
                 .push(name);
         }
-        let timeout = self.inner.options.timeout;
         let mut deleted = 0;
         for (slot, names) in by_slot {
             for batch in names.chunks(DELETE_BATCH) {
@@ -153,18 +146,14 @@ impl RedisStore {
                 for name in batch {
                     inv.key(name.as_str());
                 }
-                let reply = tokio::time::timeout(timeout, self.invoke(slot, &inv))
-                    .await
-                    .map_err(|_| StoreError::Timeout(timeout))??;
-                if let Value::Int(n) = reply {
-                    deleted += usize::try_from(n).unwrap_or(0);
+                match self.bounded(self.invoke(slot, &inv)).await? {
+                    Value::Int(n) => deleted += usize::try_from(n).unwrap_or(0),
+                    other => {
+                        return Err(StoreError::Script(format!("reset: DEL answered {other:?}")));
+                    }
                 }
             }
         }
-        if let Some(cache) = &self.inner.over_limit {
-            cache.clear();
-        }
-        self.inner.leases.clear();
         Ok(deleted)
     }
 }

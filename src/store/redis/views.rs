@@ -52,7 +52,7 @@ impl RedisStore {
     }
 
     /// `call` within the store's timeout.
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
