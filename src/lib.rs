@@ -38,9 +38,10 @@
 //! - `simulate` and `candidate`: replaying traffic against rules offline,
 //!   and shadow evaluation of candidate rules on live traffic; `report`:
 //!   what both produce, and its summary, series and HTML report.
-//! - `settings` and `server`: the command line and the process around it
-//!   (with the `test-util` feature, also inside a test, on its runtime and
-//!   clock: `test_util::InProcess`).
+//! - `settings` and `server`: the command line and the environment, read
+//!   once (`settings::load`), and the process around it (with the
+//!   `test-util` feature, also inside a test, on its runtime and clock:
+//!   `test_util::InProcess`); `cli`: what the `tollgate` binary runs.
 //!
 //! Five modules are public (`algorithm`, `clock`, `limiter`, `rules`,
 //! `store`); the rest are the crate's own, reached through the re-exports
@@ -61,6 +62,7 @@ pub(crate) mod admin;
 pub(crate) mod build_info;
 pub(crate) mod calendar;
 pub(crate) mod candidate;
+pub(crate) mod cli;
 pub(crate) mod health;
 pub(crate) mod limited;
 pub(crate) mod logging;
@@ -81,14 +83,10 @@ pub(crate) mod xds;
 
 pub use admin::request_from_json;
 pub use build_info::{COMMIT, LONG_VERSION, VERSION};
-pub use logging::init as init_logging;
+pub use cli::main;
 pub use rls::{UnaryBody, to_domain};
-pub use server::{DRAIN_TIMEOUT, LIVENESS_SERVICE, bind_grpc, serve_from_settings};
-pub use settings::{
-    CheckArgs, Cli, Command, LogFormat, REFERENCE_PROGRAM, RuleLoadArgs, ServeArgs, unknown_env,
-};
-pub use simulate::run_cli as run_simulate;
-pub use top::{TopOptions, run as run_top};
+pub use server::{DRAIN_TIMEOUT, LIVENESS_SERVICE, bind_grpc};
+pub use settings::Env;
 
 /// What the integration tests drive directly (with the `test-util`
 /// feature, which the crate's own dev-dependency turns on): not part of

@@ -21,7 +21,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 
 /// How spans leave the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExportProtocol {
+pub(crate) enum ExportProtocol {
     /// OTLP over gRPC.
     Grpc,
     /// OTLP over HTTP, protobuf bodies.
@@ -30,7 +30,7 @@ pub enum ExportProtocol {
 
 /// What tracing needs.
 #[derive(Debug, Clone)]
-pub struct OtelOptions {
+pub(crate) struct OtelOptions {
     /// The collector (`None`: `OTEL_EXPORTER_OTLP_ENDPOINT` or the
     /// exporter's default, `localhost:4317`/`4318`).
     pub endpoint: Option<String>,

@@ -9,7 +9,7 @@ use crate::limited::View;
 
 /// What `tollgate top` was asked.
 #[derive(Debug, Clone)]
-pub struct TopOptions {
+pub(crate) struct TopOptions {
     /// The admin port: `http://HOST:PORT`.
     pub admin: String,
     /// How often to refresh.
@@ -25,7 +25,7 @@ pub struct TopOptions {
 }
 
 /// Runs the view until interrupted (or once).
-pub fn run(options: &TopOptions) -> Result<(), String> {
+pub(crate) fn run(options: &TopOptions) -> Result<(), String> {
     let (host, path_prefix) = parse_admin(&options.admin)?;
     let mut query = Vec::new();
     if let Some(d) = &options.domain {

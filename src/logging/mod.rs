@@ -265,7 +265,7 @@ fn log_summaries_forever() {
 
 /// Installs the process's logging: `level` (a tracing filter) in `json` or
 /// text, on stderr; and the refusal counter. The error names a bad filter.
-pub fn init(level: &str, json: bool) -> Result<(), String> {
+pub(crate) fn init(level: &str, json: bool) -> Result<(), String> {
     let filter = EnvFilter::try_new(level)
         .map_err(|e| format!("invalid log level '{level}': {e}"))?
         // Refusals and the Redis client's warnings are summarised by

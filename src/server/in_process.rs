@@ -11,12 +11,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use clap::Parser;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::limiter::Limiter;
-use crate::settings::{Cli, Command, StoreKind};
+use crate::settings::{Command, Env, LoadError, StoreKind, load};
 
 /// A running in-process Tollgate; stopped (and awaited) by [`InProcess::stop`].
 #[derive(Debug)]
@@ -35,8 +34,16 @@ pub struct InProcess {
 impl InProcess {
     /// Serves `tollgate serve ARGS` on the current runtime, with one worker
     /// and both listeners on free loopback ports unless `args` say
-    /// otherwise. The error is start-up's, as the binary would print it.
+    /// otherwise, and no environment variable. The error is start-up's, as
+    /// the binary would print it.
     pub fn start(args: &[&str]) -> Result<Self, String> {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`InProcess::start`] with these environment variables, read as the
+    /// binary reads the process's (`settings::load`): `TOLLGATE_*`, the
+    /// reference's, an unknown one refused.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
         let mut argv = vec!["tollgate", "serve"];
         for (flag, default) in [
             ("--grpc-addr", "127.0.0.1:0"),
@@ -48,7 +55,10 @@ impl InProcess {
             }
         }
         argv.extend_from_slice(args);
-        let cli = Cli::try_parse_from(&argv).map_err(|e| e.to_string())?;
+        let cli = load(argv, &Env::from_pairs(env.iter().copied())).map_err(|e| match e {
+            LoadError::Usage(e) => e.to_string(),
+            LoadError::Refused(line) => line,
+        })?;
         let Command::Serve(serve_args) = cli.command else {
             return Err("not a serve command".into());
         };

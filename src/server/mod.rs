@@ -34,7 +34,7 @@ use crate::rls::RlsService;
 #[cfg(feature = "test-util")]
 pub use in_process::InProcess;
 pub(crate) use limits::ConnectionLimits;
-pub use start::serve_from_settings;
+pub(crate) use start::serve_from_settings;
 pub(crate) use tls::{Tls, TlsFiles};
 
 /// How often the TLS files are checked for a renewed certificate.

@@ -16,7 +16,7 @@ use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 /// Starts Tollgate as `args` say and serves until SIGINT or SIGTERM. The error
 /// says what stopped start-up (or the server).
-pub fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
+pub(crate) fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
     let (serve, otel) = prepare(args)?;
     let served = super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string());
     // Spans still buffered are sent before the process ends.

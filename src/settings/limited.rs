@@ -12,7 +12,7 @@ use crate::limiter::RefusalLog;
 
 /// The view of the heaviest limited clients, and who may reset counters.
 #[derive(Debug, Clone, Args)]
-pub struct LimitedArgs {
+pub(crate) struct LimitedArgs {
     /// Who is being limited (/limited): clients held per rule (a client
     /// refused more than 1/N of the rule's refusals is always shown);
     /// 0 turns the view off (and its cost on every request).
@@ -71,7 +71,7 @@ pub struct LimitedArgs {
 
 /// `--admin-reads`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AdminReads {
+pub(crate) enum AdminReads {
     /// Open to anyone who reaches the admin port.
     Open,
     /// A bearer token from --admin-token-file.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 mod limited;
+mod load;
 mod otel;
 mod redis_url;
 mod reference;
@@ -26,14 +27,15 @@ mod values;
 mod xds;
 
 pub(crate) use limited::{AdminReads, LimitedArgs};
+pub use load::Env;
+pub(crate) use load::{LoadError, load};
 pub(crate) use otel::{OtelArgs, TracingProtocol};
 pub(crate) use redis_url::RedisUrl;
-pub use reference_defaults::REFERENCE_PROGRAM;
 pub(crate) use rlqs::RlqsArgs;
-pub use rule_load::RuleLoadArgs;
+pub(crate) use rule_load::RuleLoadArgs;
 pub(crate) use stats::StatsArgs;
-pub use unknown::unknown_env;
-pub use values::LogFormat;
+pub(crate) use unknown::unknown_env;
+pub(crate) use values::LogFormat;
 pub(crate) use values::{
     AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, UnmatchedArg,
     parse_duration,
@@ -46,7 +48,7 @@ use crate::rules::LoadOptions;
 /// Tollgate: a rate limit service for Envoy.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version = crate::build_info::LONG_VERSION, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -54,7 +56,7 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Serve Envoy's RateLimitService over gRPC.
     Serve(Box<ServeArgs>),
     /// Validate rule files, print the compiled rules, exit non-zero on errors.
@@ -70,7 +72,7 @@ pub enum Command {
 
 /// `tollgate top`.
 #[derive(Debug, Args, Clone)]
-pub struct TopArgs {
+pub(crate) struct TopArgs {
     /// The admin port of a running Tollgate (`http://HOST:PORT`).
     #[arg(long, default_value = "http://127.0.0.1:6070")]
     pub admin: String,
@@ -94,7 +96,7 @@ pub struct TopArgs {
 
 impl TopArgs {
     /// What to run; the error names an unreadable token file.
-    pub fn options(&self) -> Result<crate::top::TopOptions, String> {
+    pub(crate) fn options(&self) -> Result<crate::top::TopOptions, String> {
         let token = match &self.token_file {
             None => None,
             Some(path) => Some(
@@ -118,7 +120,7 @@ impl TopArgs {
 
 /// `tollgate simulate`.
 #[derive(Debug, Args, Clone)]
-pub struct SimulateArgs {
+pub(crate) struct SimulateArgs {
     /// Rule file or directory; repeat to compare rule sets side by side.
     #[arg(long = "rules", required = true)]
     pub rules: Vec<PathBuf>,
@@ -157,7 +159,7 @@ pub struct SimulateArgs {
 
 impl SimulateArgs {
     /// The simulation these arguments ask for.
-    pub fn simulation(&self) -> crate::simulate::Simulation {
+    pub(crate) fn simulation(&self) -> crate::simulate::Simulation {
         crate::simulate::Simulation {
             rules: self.rules.clone(),
             traffic: self.traffic.clone(),
@@ -173,7 +175,7 @@ impl SimulateArgs {
 
 /// `tollgate serve`.
 #[derive(Debug, Args, Clone)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Rule file or directory; repeat for several. Default: ./examples/rules.
     #[arg(long = "rules", env = "TOLLGATE_RULES", value_delimiter = ',')]
     pub rules: Vec<PathBuf>,
@@ -473,7 +475,7 @@ pub struct ServeArgs {
 
 /// `tollgate check`.
 #[derive(Debug, Args, Clone)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Rule files or directories.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
@@ -489,7 +491,7 @@ pub struct CheckArgs {
 
 impl ServeArgs {
     /// The rule paths, defaulting to the bundled examples.
-    pub fn rule_paths(&self) -> Vec<PathBuf> {
+    pub(crate) fn rule_paths(&self) -> Vec<PathBuf> {
         if self.rules.is_empty() {
             vec![PathBuf::from("examples/rules")]
         } else {
@@ -498,14 +500,14 @@ impl ServeArgs {
     }
 
     /// How rules are loaded.
-    pub fn load_options(&self) -> LoadOptions {
+    pub(crate) fn load_options(&self) -> LoadOptions {
         self.rule_load.load_options()
     }
 }
 
 impl CheckArgs {
     /// How rules are loaded.
-    pub fn load_options(&self) -> LoadOptions {
+    pub(crate) fn load_options(&self) -> LoadOptions {
         self.rule_load.load_options()
     }
 }

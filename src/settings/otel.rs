@@ -7,7 +7,7 @@ use crate::otel::{ExportProtocol, OtelOptions};
 
 /// OTLP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TracingProtocol {
+pub(crate) enum TracingProtocol {
     /// OTLP over HTTP with protobuf bodies (the reference's default).
     Http,
     /// OTLP over gRPC.
@@ -16,7 +16,7 @@ pub enum TracingProtocol {
 
 /// Tracing of ShouldRateLimit calls.
 #[derive(Debug, Args, Clone)]
-pub struct OtelArgs {
+pub(crate) struct OtelArgs {
     /// Send an OTLP span for each ShouldRateLimit call.
     #[arg(long, env = "TOLLGATE_TRACING", value_enum, default_value_t = OnOff::Off)]
     pub tracing: OnOff,
@@ -60,7 +60,7 @@ pub struct OtelArgs {
 
 impl OtelArgs {
     /// The tracer's options, when tracing is on.
-    pub fn options(&self) -> Option<OtelOptions> {
+    pub(crate) fn options(&self) -> Option<OtelOptions> {
         (self.tracing == OnOff::On).then(|| OtelOptions {
             endpoint: self.tracing_endpoint.clone(),
             protocol: match self.tracing_protocol {

@@ -15,11 +15,11 @@ pub(super) fn reference_redis_url(scheme: &str, node: &str, auth: Option<&str>) 
 /// so `Debug` and `Display` print it redacted; [`RedisUrl::expose`] gives
 /// the real text to the one place that connects.
 #[derive(Clone, PartialEq, Eq)]
-pub struct RedisUrl(pub String);
+pub(crate) struct RedisUrl(pub String);
 
 impl RedisUrl {
     /// The URL with its password, for connecting only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }

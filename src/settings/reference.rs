@@ -14,7 +14,7 @@ impl ServeArgs {
     /// Deployment can switch its image). `explicit(id)` tells whether a flag
     /// was set on the command line or by its `TOLLGATE_*` variable; a
     /// reference variable that contradicts one stops start-up.
-    pub fn apply_reference_env(
+    pub(crate) fn apply_reference_env(
         &mut self,
         env: &dyn Fn(&str) -> Option<String>,
         explicit: &dyn Fn(&str) -> bool,
@@ -29,6 +29,7 @@ impl ServeArgs {
         };
         let on_off = |on: bool| if on { OnOff::On } else { OnOff::Off };
         super::reference_vars::refused_vars(env)?;
+        self.rule_load.apply_reference_env(env);
 
         if let Some(addr) = listen_addr(env, "GRPC_HOST", "GRPC_PORT")? {
             let explicit = explicit("grpc_addr");

@@ -8,7 +8,7 @@ use super::{OnOff, ServeArgs};
 
 /// The program name under which Tollgate behaves as the reference's
 /// binary (Envoy Gateway runs `/bin/ratelimit` with no arguments).
-pub const REFERENCE_PROGRAM: &str = "ratelimit";
+pub(crate) const REFERENCE_PROGRAM: &str = "ratelimit";
 
 impl ServeArgs {
     /// Puts the reference's defaults in place of Tollgate's for every
@@ -18,7 +18,7 @@ impl ServeArgs {
     /// 0.0.0.0:6070, rules under /srv/runtime_data/current/config, log level
     /// warn, fixed windows (the reference's only algorithm), no rate limit
     /// headers, TLS (when set) on gRPC only.
-    pub fn reference_defaults(&mut self, explicit: &dyn Fn(&str) -> bool) {
+    pub(crate) fn reference_defaults(&mut self, explicit: &dyn Fn(&str) -> bool) {
         let all = [0, 0, 0, 0];
         if !explicit("grpc_addr") {
             self.grpc_addr = SocketAddr::from((all, 8081));

@@ -9,7 +9,7 @@ use super::values::{UnmatchedArg, at_least_one, parse_duration, parse_share, par
 /// Settings of the quota service (RLQS). Each keeps its `--rlqs-` flag
 /// name (and id) from when the fields were `ServeArgs`' own.
 #[derive(Debug, Clone, Args)]
-pub struct RlqsArgs {
+pub(crate) struct RlqsArgs {
     /// Quota service (RLQS): how long Envoy keeps an assignment without
     /// hearing from Tollgate before its `expired_assignment_behavior`
     /// applies; whole seconds, longer than Envoy's report interval (5 s).

@@ -9,7 +9,7 @@ use crate::rules::LoadOptions;
 
 /// The rule-loading flags.
 #[derive(Debug, Args, Clone)]
-pub struct RuleLoadArgs {
+pub(crate) struct RuleLoadArgs {
     /// Algorithm for limits that do not name one.
     #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM", value_enum, default_value_t = AlgorithmArg::SlidingWindow)]
     pub default_algorithm: AlgorithmArg,
@@ -37,9 +37,9 @@ pub struct RuleLoadArgs {
 
 impl RuleLoadArgs {
     /// How rules are loaded.
-    pub fn load_options(&self) -> LoadOptions {
+    pub(crate) fn load_options(&self) -> LoadOptions {
         LoadOptions {
-            merge_domains: self.merge_domains || reference_merge_domains(),
+            merge_domains: self.merge_domains,
             default_algorithm: self.default_algorithm.into(),
             time_zone: self.time_zone,
             algorithm_override: None,
@@ -47,9 +47,11 @@ impl RuleLoadArgs {
             max_rule_depth: self.max_rule_depth,
         }
     }
-}
 
-/// The reference's switch for domain merging.
-fn reference_merge_domains() -> bool {
-    std::env::var("MERGE_DOMAIN_CONFIG").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+    /// The reference's switch for domain merging, `MERGE_DOMAIN_CONFIG=true`.
+    pub(super) fn apply_reference_env(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        if env("MERGE_DOMAIN_CONFIG").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            self.merge_domains = true;
+        }
+    }
 }

@@ -11,7 +11,7 @@ use crate::stats::statsd::{Protocol, StatsdOptions};
 
 /// statsd transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StatsdProtocol {
+pub(crate) enum StatsdProtocol {
     /// One TCP connection (the reference's default).
     Tcp,
     /// UDP datagrams.
@@ -20,7 +20,7 @@ pub enum StatsdProtocol {
 
 /// The reference's stats: statsd, and a statsd-mapped Prometheus endpoint.
 #[derive(Debug, Args, Clone)]
-pub struct StatsArgs {
+pub(crate) struct StatsArgs {
     /// Send the reference's stats to statsd at this `host:port`.
     #[arg(long, env = "TOLLGATE_STATSD")]
     pub statsd: Option<String>,
@@ -91,7 +91,7 @@ fn parse_tag(text: &str) -> Result<(String, String), String> {
 
 impl StatsArgs {
     /// statsd output, when asked for.
-    pub fn statsd_options(&self) -> Option<StatsdOptions> {
+    pub(crate) fn statsd_options(&self) -> Option<StatsdOptions> {
         let addr = self.statsd.clone()?;
         Some(StatsdOptions {
             addr,

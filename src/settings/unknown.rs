@@ -6,7 +6,7 @@
 /// flag's `env`), so the list cannot drift from the flags. Variables the
 /// kubelet injects for a Service whose name starts with `tollgate` (such as
 /// `TOLLGATE_SERVICE_HOST` or `TOLLGATE_PORT_8081_TCP`) are not typos.
-pub fn unknown_env<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+pub(crate) fn unknown_env<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<String> {
     let command = <super::Cli as clap::CommandFactory>::command();
     let mut known: Vec<String> = command
         .get_subcommands()

@@ -11,7 +11,7 @@ use crate::rules::FailureMode;
 
 /// What buckets without a limit get from the quota service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum UnmatchedArg {
+pub(crate) enum UnmatchedArg {
     /// Allow every request (`ALLOW_ALL`).
     AllowAll,
     /// Deny every request (`DENY_ALL`).
@@ -42,7 +42,7 @@ pub(super) fn parse_share(text: &str) -> Result<f64, String> {
 
 /// Log formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -55,7 +55,7 @@ pub(super) fn parse_zone(name: &str) -> Result<&'static Zone, String> {
 
 /// `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
+pub(crate) enum OnOff {
     /// Enabled.
     On,
     /// Disabled.
@@ -99,7 +99,7 @@ pub enum FailureModeArg {
 
 /// Where counters live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StoreKind {
+pub(crate) enum StoreKind {
     /// In this process.
     Memory,
     /// One Redis server.
@@ -113,7 +113,7 @@ pub enum StoreKind {
 
 /// What a store failure turns into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnStoreError {
+pub(crate) enum OnStoreError {
     /// Each rule's failure mode (server default --failure-mode).
     FailureMode,
     /// gRPC UNAVAILABLE, as envoyproxy/ratelimit.
@@ -142,7 +142,7 @@ pub(super) fn at_least_one(text: &str) -> Result<usize, String> {
 
 /// The HTTP/2 keepalive interval, or none (`off`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keepalive(pub Option<Duration>);
+pub(crate) struct Keepalive(pub Option<Duration>);
 
 /// Parses a duration, or `off`.
 pub(super) fn parse_keepalive(text: &str) -> Result<Keepalive, String> {

@@ -11,7 +11,7 @@ use crate::xds::{Backoff, XdsOptions, XdsTls};
 
 /// Rules from an xDS server instead of rule files.
 #[derive(Debug, Args, Clone)]
-pub struct XdsArgs {
+pub(crate) struct XdsArgs {
     /// Take the rules from this xDS server (`host:port`, or
     /// `https://host:port` for TLS) over ADS, state of the world, instead
     /// of rule files (what Envoy Gateway does).
@@ -102,7 +102,7 @@ fn parse_pair(text: &str) -> Result<(String, String), String> {
 impl XdsArgs {
     /// The client's options, when rules come from xDS. The error names a
     /// bad address.
-    pub fn options(&self, load_options: LoadOptions) -> Result<Option<XdsOptions>, String> {
+    pub(crate) fn options(&self, load_options: LoadOptions) -> Result<Option<XdsOptions>, String> {
         let Some(url) = &self.rules_xds else {
             return Ok(None);
         };

@@ -28,7 +28,7 @@ pub(crate) const MAX_BINS: u64 = 1_000_000;
 
 /// What to simulate.
 #[derive(Debug, Clone, Default)]
-pub struct Simulation {
+pub(crate) struct Simulation {
     /// Rule sets to compare: each a file or directory.
     pub rules: Vec<PathBuf>,
     /// Traffic files: JSON lines, or Envoy access logs with `envoy_config`.
@@ -205,7 +205,7 @@ fn labels(paths: &[std::path::PathBuf]) -> Vec<String> {
 
 /// `tollgate simulate`, from the command line: prints the summary, writes
 /// `--out`, and says how fast the replay ran.
-pub fn run_cli(
+pub(crate) fn run_cli(
     sim: &Simulation,
     out: Option<&std::path::Path>,
     save_traffic: Option<&std::path::Path>,

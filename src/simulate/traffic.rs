@@ -158,7 +158,7 @@ pub(crate) fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
 
 /// What `--generate` makes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Generate {
+pub(crate) struct Generate {
     /// Mean requests per second.
     pub rate: f64,
     /// Seconds of traffic.
@@ -278,7 +278,7 @@ const MIN_SECONDS: f64 = 1e-9;
 
 impl Generate {
     /// How many requests it makes, about.
-    pub fn expected(&self) -> f64 {
+    pub(crate) fn expected(&self) -> f64 {
         self.rate * self.seconds
     }
 }

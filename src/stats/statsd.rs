@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 
 /// How statsd lines travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     /// One TCP connection, reopened when it breaks.
     Tcp,
     /// Datagrams of at most [`MAX_DATAGRAM`] bytes.
@@ -29,7 +29,7 @@ pub const MAX_DATAGRAM: usize = 1432;
 
 /// Where and how to send.
 #[derive(Debug, Clone)]
-pub struct StatsdOptions {
+pub(crate) struct StatsdOptions {
     /// `host:port`.
     pub addr: String,
     /// TCP or UDP.

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 /// TLS to the xDS server.
 #[derive(Debug, Clone, Default)]
-pub struct XdsTls {
+pub(crate) struct XdsTls {
     /// PEM CAs the server's certificate must chain to (`None`: the system's).
     pub ca: Option<PathBuf>,
     /// PEM client certificate chain and key, for mutual TLS.

@@ -44,7 +44,7 @@ use crate::rules::{LoadOptions, load_sources};
 
 /// The exponential backoff between streams that failed after opening.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The first wait.
     pub initial: Duration,
     /// The longest wait.
@@ -56,7 +56,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// The wait before attempt `n` (0-based) with `random` in [0, 1).
-    pub fn wait(&self, attempt: u32, random: f64) -> Duration {
+    pub(crate) fn wait(&self, attempt: u32, random: f64) -> Duration {
         let nominal = self
             .initial
             .saturating_mul(2u32.saturating_pow(attempt.min(30)))
@@ -68,7 +68,7 @@ impl Backoff {
 
 /// Where the rules come from and how to reach it.
 #[derive(Debug, Clone)]
-pub struct XdsOptions {
+pub(crate) struct XdsOptions {
     /// `host:port` of the xDS server.
     pub addr: String,
     /// TLS to it (`None`: plaintext).

@@ -10,7 +10,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use tollgate::test_util::InProcess;
 
 const RULES: &str = "domain: gw
 descriptors:
@@ -218,11 +220,48 @@ async fn fifty_concurrent_calls_against_a_limit_of_ten_admit_exactly_ten() {
 }
 
 #[tokio::test]
-async fn response_headers_can_be_switched_off() {
-    let server = Tollgate::start(RULES, &["--response-headers", "off"]);
-    let mut client = server.client().await;
-    let r = ask(&mut client, request("gw", &[&[("user", "a")]])).await;
-    assert!(r.response_headers_to_add.is_empty());
+async fn response_headers_can_be_switched_off_by_flag_or_either_variable() {
+    // In this process, through the binary's own start-up path
+    // (`settings::load`): the flag, its TOLLGATE_ variable and the
+    // reference's variable each switch the headers off.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("rules");
+    let rules = rules.to_str().expect("utf-8");
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], bool);
+    let cases: [Case<'_>; 4] = [
+        (&[], &[], true),
+        (&["--response-headers", "off"], &[], false),
+        (&[], &[("TOLLGATE_RESPONSE_HEADERS", "off")], false),
+        (&[], &[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")], false),
+    ];
+    for (args, env, sent) in cases {
+        let args = [&["--rules", rules, "--shutdown-delay", "1ms"][..], args].concat();
+        let server = InProcess::start_with_env(&args, env).expect("starts");
+        let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .expect("connect");
+        let r = ask(&mut client, request("gw", &[&[("user", "a")]])).await;
+        assert_eq!(
+            !r.response_headers_to_add.is_empty(),
+            sent,
+            "{args:?} {env:?}"
+        );
+        server.stop().await.expect("stops");
+    }
+    // A variable that contradicts the flag, and a misspelt one, stop it.
+    let e = InProcess::start_with_env(
+        &["--rules", rules, "--response-headers", "on"],
+        &[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")],
+    )
+    .expect_err("a contradiction");
+    assert!(e.contains("LIMIT_RESPONSE_HEADERS_ENABLED"), "{e}");
+    let e = InProcess::start_with_env(&["--rules", rules], &[("TOLLGATE_RESPONSE_HEADER", "off")])
+        .expect_err("a typo");
+    assert!(
+        e.contains("unknown setting(s) TOLLGATE_RESPONSE_HEADER"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
