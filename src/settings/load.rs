@@ -13,7 +13,7 @@ use std::path::Path;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
-use super::reference_defaults::REFERENCE_PROGRAM;
+use super::reference::REFERENCE_PROGRAM;
 use super::{Cli, Command, unknown_env};
 
 /// Environment variables, as start-up reads them.

@@ -1,16 +1,29 @@
 //! Every environment variable envoyproxy/ratelimit reads
 //! (`src/settings/settings.go`), and what Tollgate does with each: none is
-//! silently ignored. A variable is honoured (mapped to a Tollgate setting in
-//! `reference.rs`), accepted with no effect for a stated reason, or refused
-//! at start-up, by name, when it asks for something Tollgate does not do.
+//! silently ignored. A variable is honoured (mapped to a Tollgate setting by
+//! the function its entry carries), accepted with no effect for a stated
+//! reason, or refused at start-up, by name, when it asks for something
+//! Tollgate does not do.
+
+use std::path::PathBuf;
+
+use super::{Apply, Vars, listen, on_off, redis, stats, xds};
+use crate::settings::ServeArgs;
 
 /// What Tollgate does with one reference variable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum Handling {
-    /// Mapped to the Tollgate setting named here.
-    Honoured(&'static str),
+    /// Mapped to a Tollgate setting.
+    Honoured {
+        /// The setting, as the documentation states it (read by the test
+        /// that keeps docs/compatibility.md's table).
+        #[cfg_attr(not(test), allow(dead_code))]
+        setting: &'static str,
+        /// What sets it (with the variables read together with this one).
+        apply: Apply,
+    },
     /// Accepted with no effect, for this reason.
-    NoEffect(&'static str),
+    NoEffect(#[cfg_attr(not(test), allow(dead_code))] &'static str),
     /// Refused at start-up (with this reason) unless its value is one of
     /// `harmless` (compared case-insensitively; empty is always harmless).
     Refused {
@@ -30,10 +43,10 @@ pub(crate) struct ReferenceVar {
     pub handling: Handling,
 }
 
-const fn honoured(name: &'static str, setting: &'static str) -> ReferenceVar {
+const fn honoured(name: &'static str, setting: &'static str, apply: Apply) -> ReferenceVar {
     ReferenceVar {
         name,
-        handling: Handling::Honoured(setting),
+        handling: Handling::Honoured { setting, apply },
     }
 }
 
@@ -66,17 +79,34 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "HOST",
         "--admin-addr HOST:PORT (every admin endpoint answers on each admin address)",
+        listen::admin_addrs,
     ),
-    honoured("PORT", "--admin-addr HOST:PORT"),
-    honoured("DEBUG_HOST", "--admin-addr DEBUG_HOST:DEBUG_PORT"),
-    honoured("DEBUG_PORT", "--admin-addr DEBUG_HOST:DEBUG_PORT"),
+    honoured("PORT", "--admin-addr HOST:PORT", listen::admin_addrs),
+    honoured(
+        "DEBUG_HOST",
+        "--admin-addr DEBUG_HOST:DEBUG_PORT",
+        listen::admin_addrs,
+    ),
+    honoured(
+        "DEBUG_PORT",
+        "--admin-addr DEBUG_HOST:DEBUG_PORT",
+        listen::admin_addrs,
+    ),
     refused(
         "GRPC_UDS",
         &[],
         "listening on a Unix socket is not supported by Tollgate yet",
     ),
-    honoured("GRPC_HOST", "--grpc-addr GRPC_HOST:GRPC_PORT"),
-    honoured("GRPC_PORT", "--grpc-addr GRPC_HOST:GRPC_PORT"),
+    honoured(
+        "GRPC_HOST",
+        "--grpc-addr GRPC_HOST:GRPC_PORT",
+        listen::grpc_addr,
+    ),
+    honoured(
+        "GRPC_PORT",
+        "--grpc-addr GRPC_HOST:GRPC_PORT",
+        listen::grpc_addr,
+    ),
     refused(
         "GRPC_MAX_CONNECTION_AGE",
         &["24h"],
@@ -90,66 +120,103 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "GRPC_SERVER_USE_TLS",
         "TLS on gRPC only (--admin-tls off), from the two below; TLS files without it stop start-up",
+        listen::grpc_tls,
     ),
-    honoured("GRPC_SERVER_TLS_CERT", "--tls-cert"),
-    honoured("GRPC_SERVER_TLS_KEY", "--tls-key"),
-    honoured("GRPC_CLIENT_TLS_CACERT", "--tls-client-ca"),
+    honoured("GRPC_SERVER_TLS_CERT", "--tls-cert", listen::grpc_tls),
+    honoured("GRPC_SERVER_TLS_KEY", "--tls-key", listen::grpc_tls),
+    honoured(
+        "GRPC_CLIENT_TLS_CACERT",
+        "--tls-client-ca",
+        listen::grpc_tls,
+    ),
     honoured(
         "GRPC_CLIENT_TLS_SAN",
         "--tls-client-san: client certificates must carry this DNS name or IP address",
+        listen::grpc_tls,
     ),
-    honoured("LOG_LEVEL", "--log-level"),
-    honoured("LOG_FORMAT", "--log-format"),
+    honoured("LOG_LEVEL", "--log-level", listen::log_level),
+    honoured("LOG_FORMAT", "--log-format", listen::log_format),
     honoured(
         "CONFIG_TYPE",
         "FILE: rule files; GRPC_XDS_SOTW: --rules-xds (rule files, RUNTIME_* included, are then not read); anything else stops start-up",
+        xds::xds,
     ),
     honoured(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
         "--xds-wait-for-rules off when true (ready before the first rules arrive)",
+        xds::xds,
     ),
-    honoured("CONFIG_GRPC_XDS_NODE_ID", "--xds-node-id"),
+    honoured("CONFIG_GRPC_XDS_NODE_ID", "--xds-node-id", xds::xds),
     honoured(
         "CONFIG_GRPC_XDS_NODE_METADATA",
         "--xds-node-metadata (key=value,...)",
+        xds::xds,
     ),
     honoured(
         "CONFIG_GRPC_XDS_SERVER_URL",
         "--rules-xds host:port (default localhost:18000) with CONFIG_TYPE=GRPC_XDS_SOTW",
+        xds::xds,
     ),
     honoured(
         "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
         "--xds-connect-retry",
+        xds::xds,
     ),
     honoured(
         "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
         "--xds-header (the reference's key:value,... form)",
+        xds::xds,
     ),
-    honoured("CONFIG_GRPC_XDS_SERVER_USE_TLS", "https:// in --rules-xds"),
-    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-client-cert"),
-    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-client-key"),
-    honoured("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-ca"),
-    honoured("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-server-name"),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "https:// in --rules-xds",
+        xds::xds,
+    ),
+    honoured(
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "--xds-client-cert",
+        xds::xds,
+    ),
+    honoured(
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "--xds-client-key",
+        xds::xds,
+    ),
+    honoured("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-ca", xds::xds),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "--xds-server-name",
+        xds::xds,
+    ),
     honoured(
         "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
         "--xds-backoff-initial",
+        xds::xds,
     ),
-    honoured("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--xds-backoff-max"),
+    honoured(
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "--xds-backoff-max",
+        xds::xds,
+    ),
     honoured(
         "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
         "--xds-backoff-random-factor (each wait is randomised by this fraction; waits double up to the maximum)",
+        xds::xds,
     ),
     honoured(
         "XDS_CLIENT_BACKOFF_JITTER",
         "--xds-backoff-random-factor 0 when false",
+        xds::xds,
     ),
     honoured(
         "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
         "--xds-max-message-bytes (0: the default, 4 MiB)",
+        xds::xds,
     ),
     honoured(
         "USE_DOG_STATSD",
         "--dogstatsd on (tags from EXTRA_TAGS on every line)",
+        stats::stats,
     ),
     refused(
         "USE_DOG_STATSD_MOGRIFIERS",
@@ -159,38 +226,52 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "USE_STATSD",
         "--statsd STATSD_HOST:STATSD_PORT over TCP, when true (run as ratelimit, unset means off, not the reference's on)",
+        stats::stats,
     ),
-    honoured("STATSD_HOST", "--statsd (default localhost)"),
-    honoured("STATSD_PORT", "--statsd (default 8125)"),
+    honoured("STATSD_HOST", "--statsd (default localhost)", stats::stats),
+    honoured("STATSD_PORT", "--statsd (default 8125)", stats::stats),
     honoured(
         "EXTRA_TAGS",
         "--statsd-tags (key:value,...; sent with USE_DOG_STATSD)",
+        stats::stats,
     ),
-    honoured("STATS_FLUSH_INTERVAL", "--statsd-flush-interval"),
+    honoured(
+        "STATS_FLUSH_INTERVAL",
+        "--statsd-flush-interval",
+        stats::stats,
+    ),
     honoured(
         "DISABLE_STATS",
         "when true, no statsd and no PROMETHEUS_ADDR endpoint (Tollgate's own /metrics stays)",
+        stats::stats,
     ),
     honoured(
         "USE_PROMETHEUS",
         "--reference-metrics-addr PROMETHEUS_ADDR (default :9090): the reference's stats through PROMETHEUS_MAPPER_YAML",
+        stats::stats,
     ),
-    honoured("PROMETHEUS_ADDR", "--reference-metrics-addr"),
-    honoured("PROMETHEUS_PATH", "--reference-metrics-path"),
-    honoured("PROMETHEUS_MAPPER_YAML", "--statsd-mapping"),
+    honoured("PROMETHEUS_ADDR", "--reference-metrics-addr", stats::stats),
+    honoured("PROMETHEUS_PATH", "--reference-metrics-path", stats::stats),
+    honoured("PROMETHEUS_MAPPER_YAML", "--statsd-mapping", stats::stats),
     refused(
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         FALSE,
         "the response time histogram is in seconds",
     ),
-    honoured("RUNTIME_ROOT", "--rules ROOT/SUBDIRECTORY/APPDIRECTORY"),
+    honoured(
+        "RUNTIME_ROOT",
+        "--rules ROOT/SUBDIRECTORY/APPDIRECTORY",
+        xds::runtime,
+    ),
     honoured(
         "RUNTIME_SUBDIRECTORY",
         "--rules ROOT/SUBDIRECTORY/APPDIRECTORY",
+        xds::runtime,
     ),
     honoured(
         "RUNTIME_APPDIRECTORY",
         "--rules ROOT/SUBDIRECTORY/APPDIRECTORY (default config)",
+        xds::runtime,
     ),
     no_effect(
         "RUNTIME_IGNOREDOTFILES",
@@ -207,21 +288,28 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "--over-limit-cache on when above 0",
+        over_limit_cache,
     ),
-    honoured("NEAR_LIMIT_RATIO", "--near-limit-ratio"),
+    honoured("NEAR_LIMIT_RATIO", "--near-limit-ratio", near_limit_ratio),
     honoured(
         "CACHE_KEY_PREFIX",
         "--redis-prefix (Tollgate's keys differ from the reference's all the same)",
+        redis_prefix,
     ),
     honoured(
         "BACKEND_TYPE",
         "redis accepted (the store follows REDIS_URL); anything else stops start-up",
+        redis::backend_type,
     ),
     no_effect(
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         "Tollgate never counts a refused request, whatever this says",
     ),
-    honoured("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),
+    honoured(
+        "LIMIT_RESPONSE_HEADERS_ENABLED",
+        "--response-headers",
+        response_headers,
+    ),
     refused(
         "LIMIT_LIMIT_HEADER",
         &["ratelimit-limit"],
@@ -245,27 +333,32 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "REDIS_SOCKET_TYPE",
         "tcp, or unix: REDIS_URL is a socket path (redis+unix://)",
+        redis::main_pool,
     ),
     honoured(
         "REDIS_TYPE",
         "--store: single is redis, cluster is redis-cluster, sentinel is redis-sentinel (REDIS_URL: the master's name, then the sentinels); anything else stops start-up",
+        redis::main_pool,
     ),
     honoured(
         "REDIS_URL",
         "--store redis and --redis-url: host:port (comma-separated for a cluster) made into URLs with REDIS_AUTH and REDIS_TLS",
+        redis::main_pool,
     ),
     no_effect("REDIS_POOL_SIZE", POOLS),
     honoured(
         "REDIS_AUTH",
         "the password (or user:password) in --redis-url, escaped",
+        redis::main_pool,
     ),
-    honoured("REDIS_TLS", "rediss:// in --redis-url"),
+    honoured("REDIS_TLS", "rediss:// in --redis-url", redis::main_pool),
     honoured(
         "REDIS_TLS_CLIENT_CERT",
         "--redis-tls-cert (mutual TLS to Redis)",
+        redis::client_tls,
     ),
-    honoured("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
-    honoured("REDIS_TLS_CACERT", "--redis-tls-ca"),
+    honoured("REDIS_TLS_CLIENT_KEY", "--redis-tls-key", redis::client_tls),
+    honoured("REDIS_TLS_CACERT", "--redis-tls-ca", redis_tls_ca),
     refused(
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         FALSE,
@@ -277,25 +370,38 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "REDIS_PERSECOND",
         "when true, limits whose period is one second go to their own Redis (--redis-per-second-url), a refused request spending nothing on either",
+        redis::per_second,
     ),
     honoured(
         "REDIS_PERSECOND_SOCKET_TYPE",
         "tcp, or unix (redis+unix://)",
+        redis::per_second,
     ),
     honoured(
         "REDIS_PERSECOND_TYPE",
         "--redis-per-second-store: single or cluster; sentinel stops start-up",
+        redis::per_second,
     ),
-    honoured("REDIS_PERSECOND_URL", "--redis-per-second-url"),
+    honoured(
+        "REDIS_PERSECOND_URL",
+        "--redis-per-second-url",
+        redis::per_second,
+    ),
     no_effect("REDIS_PERSECOND_POOL_SIZE", POOLS),
     honoured(
         "REDIS_PERSECOND_AUTH",
         "the password in --redis-per-second-url",
+        redis::per_second,
     ),
-    honoured("REDIS_PERSECOND_TLS", "rediss:// in --redis-per-second-url"),
+    honoured(
+        "REDIS_PERSECOND_TLS",
+        "rediss:// in --redis-per-second-url",
+        redis::per_second,
+    ),
     honoured(
         "REDIS_SENTINEL_AUTH",
         "the sentinels' password (REDIS_TYPE=sentinel; REDIS_AUTH is then the master's, --redis-master-auth)",
+        redis::main_pool,
     ),
     no_effect(
         "REDIS_PERSECOND_SENTINEL_AUTH",
@@ -309,7 +415,7 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
         FALSE,
         "Tollgate stays ready while Redis is down and answers from failure modes; --on-store-error unavailable fails health instead",
     ),
-    honoured("REDIS_TIMEOUT", "--redis-timeout"),
+    honoured("REDIS_TIMEOUT", "--redis-timeout", redis_timeout),
     no_effect(
         "REDIS_PERSECOND_TIMEOUT",
         "the per-second pool has the main pool's --redis-timeout",
@@ -337,33 +443,142 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     no_effect("MEMCACHE_TLS_CLIENT_KEY", MEMCACHE),
     no_effect("MEMCACHE_TLS_CACERT", MEMCACHE),
     no_effect("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", MEMCACHE),
-    honoured("SHADOW_MODE", "--shadow-mode"),
-    honoured("QUOTA_MODE", "--quota-mode"),
+    honoured("SHADOW_MODE", "--shadow-mode", shadow_mode),
+    honoured("QUOTA_MODE", "--quota-mode", quota_mode),
     refused(
         "RESPONSE_DYNAMIC_METADATA",
         FALSE,
         "descriptor metadata in the response's dynamic metadata is not supported by Tollgate yet",
     ),
-    honoured("MERGE_DOMAIN_CONFIG", "--merge-domains"),
+    honoured("MERGE_DOMAIN_CONFIG", "--merge-domains", merge_domains),
     honoured(
         "TRACING_ENABLED",
         "--tracing on: an OTLP span per ShouldRateLimit call (the endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)",
+        stats::tracing,
     ),
     honoured(
         "TRACING_SERVICE_NAME",
         "--tracing-service-name (default RateLimit, as the reference)",
+        stats::tracing,
     ),
-    honoured("TRACING_SERVICE_NAMESPACE", "--tracing-service-namespace"),
+    honoured(
+        "TRACING_SERVICE_NAMESPACE",
+        "--tracing-service-namespace",
+        stats::tracing,
+    ),
     honoured(
         "TRACING_SERVICE_INSTANCE_ID",
         "--tracing-service-instance-id",
+        stats::tracing,
     ),
     honoured(
         "TRACING_EXPORTER_PROTOCOL",
         "--tracing-protocol (http or grpc)",
+        stats::tracing,
     ),
-    honoured("TRACING_SAMPLING_RATE", "--tracing-sampling-rate"),
+    honoured(
+        "TRACING_SAMPLING_RATE",
+        "--tracing-sampling-rate",
+        stats::tracing,
+    ),
 ];
+
+fn over_limit_cache(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(bytes) = vars.number::<u64>("LOCAL_CACHE_SIZE_IN_BYTES")? {
+        let on = on_off(bytes > 0);
+        vars.adopt(
+            &mut args.over_limit_cache,
+            on,
+            "over_limit_cache",
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+        )?;
+    }
+    Ok(())
+}
+
+fn near_limit_ratio(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(ratio) = vars.number::<f64>("NEAR_LIMIT_RATIO")? {
+        vars.adopt(
+            &mut args.near_limit_ratio,
+            ratio,
+            "near_limit_ratio",
+            "NEAR_LIMIT_RATIO",
+        )?;
+    }
+    Ok(())
+}
+
+fn redis_prefix(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(prefix) = vars.set("CACHE_KEY_PREFIX") {
+        vars.adopt(
+            &mut args.redis_prefix,
+            prefix,
+            "redis_prefix",
+            "CACHE_KEY_PREFIX",
+        )?;
+    }
+    Ok(())
+}
+
+fn redis_tls_ca(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(ca) = vars.set("REDIS_TLS_CACERT") {
+        let ca = Some(PathBuf::from(ca));
+        vars.adopt(
+            &mut args.redis_tls_ca,
+            ca,
+            "redis_tls_ca",
+            "REDIS_TLS_CACERT",
+        )?;
+    }
+    Ok(())
+}
+
+fn redis_timeout(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(timeout) = vars.duration("REDIS_TIMEOUT")? {
+        vars.adopt(
+            &mut args.redis_timeout,
+            timeout,
+            "redis_timeout",
+            "REDIS_TIMEOUT",
+        )?;
+    }
+    Ok(())
+}
+
+fn response_headers(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(on) = vars.boolean("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        let on = on_off(on);
+        vars.adopt(
+            &mut args.response_headers,
+            on,
+            "response_headers",
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+        )?;
+    }
+    Ok(())
+}
+
+fn shadow_mode(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(on) = vars.boolean("SHADOW_MODE")? {
+        vars.adopt(&mut args.shadow_mode, on, "shadow_mode", "SHADOW_MODE")?;
+    }
+    Ok(())
+}
+
+fn quota_mode(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(on) = vars.boolean("QUOTA_MODE")? {
+        vars.adopt(&mut args.quota_mode, on, "quota_mode", "QUOTA_MODE")?;
+    }
+    Ok(())
+}
+
+/// `MERGE_DOMAIN_CONFIG=true` turns `--merge-domains` on (it never
+/// contradicts the flag: both only merge). `check` and `simulate` read it
+/// too (`RuleLoadArgs::apply_reference_env`).
+fn merge_domains(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    args.rule_load.apply_reference_env(&|name| vars.set(name));
+    Ok(())
+}
 
 /// Variables Envoy Gateway sets that the reference itself does not read
 /// (the tests check each is accepted and documented).
@@ -399,6 +614,3 @@ pub(super) fn refused_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<(), S
         ))
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::{OnOff, ServeArgs};
+use crate::settings::{AlgorithmArg, OnOff, ServeArgs};
 
 /// The program name under which Tollgate behaves as the reference's
 /// binary (Envoy Gateway runs `/bin/ratelimit` with no arguments).
@@ -33,7 +33,7 @@ impl ServeArgs {
             self.log_level = "warn".into();
         }
         if !explicit("default_algorithm") {
-            self.rule_load.default_algorithm = super::AlgorithmArg::FixedWindow;
+            self.rule_load.default_algorithm = AlgorithmArg::FixedWindow;
         }
         if !explicit("response_headers") {
             self.response_headers = OnOff::Off;

@@ -1,11 +1,12 @@
-use super::*;
+use super::table::*;
+use crate::settings::ServeArgs;
 
 /// The README's table of every variable: name, and what Tollgate does.
 fn markdown_table() -> String {
     let mut out = String::from("| reference variable | Tollgate |\n|---|---|\n");
     for var in REFERENCE_VARS.iter().chain(GATEWAY_ONLY_VARS) {
         let what = match var.handling {
-            Handling::Honoured(setting) => format!("honoured: {setting}"),
+            Handling::Honoured { setting, .. } => format!("honoured: {setting}"),
             Handling::NoEffect(why) => format!("no effect: {why}"),
             Handling::Refused { harmless: [], why } => {
                 format!("refused when set: {why}")
@@ -107,4 +108,71 @@ fn refused_values_are_named_with_their_reason_and_harmless_ones_pass() {
     ] {
         assert!(error.contains(name), "{error}");
     }
+}
+
+/// `tollgate serve ARGV` with these variables, as start-up reads them.
+fn serve(argv: &[&str], env: &[(&str, &str)]) -> Result<ServeArgs, String> {
+    use crate::settings::{Cli, Command, Env, LoadError, load};
+    let argv = ["tollgate", "serve"].iter().chain(argv).copied();
+    match load(argv, &Env::from_pairs(env.iter().copied())) {
+        Ok(Cli {
+            command: Command::Serve(args),
+        }) => Ok(*args),
+        Ok(_) => Err("not serve".into()),
+        Err(LoadError::Refused(e)) => Err(e),
+        Err(LoadError::Usage(e)) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn variables_read_together_give_one_setting_whichever_is_met_first() {
+    let args = serve(
+        &[],
+        &[
+            ("REDIS_SENTINEL_AUTH", "s3cret"),
+            ("REDIS_AUTH", "m4ster"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,10.0.0.1:26379,10.0.0.2:26379"),
+            ("GRPC_HOST", "127.0.0.2"),
+            ("GRPC_PORT", "9001"),
+            ("DEBUG_PORT", "6071"),
+        ],
+    )
+    .expect("loads");
+    assert_eq!(args.store, crate::settings::StoreKind::RedisSentinel);
+    assert_eq!(args.redis_sentinel_master.as_deref(), Some("mymaster"));
+    assert_eq!(
+        args.redis_url.expose(),
+        "redis://:s3cret@10.0.0.1:26379,redis://:s3cret@10.0.0.2:26379"
+    );
+    assert_eq!(args.grpc_addr.to_string(), "127.0.0.2:9001");
+    assert_eq!(
+        args.admin_addr
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["0.0.0.0:6071"]
+    );
+}
+
+#[test]
+fn a_contradiction_names_the_flag_as_it_is_spelt_and_empty_is_unset() {
+    let e = serve(
+        &["--xds-header", "a=b"],
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x:y"),
+        ],
+    )
+    .expect_err("contradicts");
+    assert!(
+        e.contains("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (envoyproxy/ratelimit's setting) contradicts --xds-header"),
+        "{e}"
+    );
+    let args = serve(&[], &[("LOG_FORMAT", " "), ("NEAR_LIMIT_RATIO", "")]).expect("loads");
+    assert_eq!(args.log_format, crate::settings::LogFormat::Text);
+    let e = serve(&[], &[("NEAR_LIMIT_RATIO", "1.5")]).expect_err("out of range");
+    assert!(e.contains("near limit ratio 1.5"), "{e}");
+    let e = serve(&[], &[("REDIS_TYPE", "cluster")]).expect_err("no URL");
+    assert!(e.contains("REDIS_TYPE is set without REDIS_URL"), "{e}");
 }
