@@ -82,12 +82,29 @@ pub(super) struct Planned {
 }
 
 impl Limiter {
-    /// A limiter over `rules` and `store`, reading time from `clock`.
+    /// A limiter over `rules` and `store`, reading time from `clock`, with
+    /// metrics of its own.
     pub fn new(
         rules: RuleSet,
         store: Store,
         clock: Arc<dyn Clock>,
         options: LimiterOptions,
+    ) -> Self {
+        let metrics = Arc::new(Metrics::new(
+            options.max_metric_series,
+            options.max_label_bytes,
+        ));
+        Self::with_metrics(rules, store, clock, options, metrics)
+    }
+
+    /// [`Limiter::new`], recording into `metrics` (the process's, made at
+    /// start-up and shared with the listeners).
+    pub(crate) fn with_metrics(
+        rules: RuleSet,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        options: LimiterOptions,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             rules: ArcSwap::from_pointee(rules),
@@ -95,10 +112,7 @@ impl Limiter {
             fallback: MemoryStore::new(MemoryStoreOptions::default()),
             clock,
             options,
-            metrics: Arc::new(Metrics::new(
-                options.max_metric_series,
-                options.max_label_bytes,
-            )),
+            metrics,
             refusals: parking_lot::Mutex::new(observe::RefusalsLogged::default()),
             generations: inspect::Generations::default(),
             observers: std::sync::OnceLock::new(),

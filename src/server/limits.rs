@@ -44,6 +44,26 @@ pub(crate) struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
+    /// The bounds `args` set, counting open connections on `open`.
+    pub(super) fn from_settings(
+        args: &crate::settings::ServeArgs,
+        open: &Arc<crate::metrics::Connections>,
+    ) -> Self {
+        Self {
+            grpc_connections: Arc::new(Semaphore::new(args.max_connections)),
+            handshake_timeout: args.handshake_timeout,
+            idle_timeout: args.idle_timeout,
+            keepalive: args.keepalive.0,
+            request_timeout: args.request_timeout,
+            max_streams: args.max_streams,
+            window_bytes: args.max_request_bytes,
+            admin_connections: Arc::new(Semaphore::new(args.max_admin_connections)),
+            admin_timeout: args.admin_timeout,
+            admin_idle: Self::admin_idle(open),
+            open: open.clone(),
+        }
+    }
+
     /// The idle set of admin connections, counting its busy ones on
     /// `open`'s gauge.
     pub(super) fn admin_idle(open: &crate::metrics::Connections) -> Arc<Idle> {

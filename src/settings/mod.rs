@@ -14,6 +14,7 @@ mod redis_url;
 mod reference;
 mod rlqs;
 mod rule_load;
+mod serve;
 mod stats;
 mod unknown;
 mod values;
@@ -26,12 +27,12 @@ pub(crate) use otel::{OtelArgs, TracingProtocol};
 pub(crate) use redis_url::RedisUrl;
 pub(crate) use rlqs::RlqsArgs;
 pub(crate) use rule_load::RuleLoadArgs;
+pub(crate) use serve::StoreOptions;
 pub(crate) use stats::StatsArgs;
 pub(crate) use unknown::unknown_env;
 pub(crate) use values::LogFormat;
 pub(crate) use values::{
-    AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, UnmatchedArg,
-    parse_duration,
+    AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, parse_duration,
 };
 use values::{at_least_one, parse_fraction, parse_keepalive};
 pub(crate) use xds::XdsArgs;

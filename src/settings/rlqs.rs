@@ -66,3 +66,35 @@ pub(crate) struct RlqsArgs {
     #[arg(id = "rlqs_idle_timeout", value_name = "RLQS_IDLE_TIMEOUT", long = "rlqs-idle-timeout", env = "TOLLGATE_RLQS_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
 }
+
+impl RlqsArgs {
+    /// The quota service's options; request bounds are the gRPC ones
+    /// (`--max-entries`, `--max-value-bytes`), `instance` this process's
+    /// name among those sharing the store.
+    pub(crate) fn quota_options(
+        &self,
+        max_entries: usize,
+        max_value_bytes: usize,
+        instance: String,
+    ) -> crate::rlqs::QuotaOptions {
+        crate::rlqs::QuotaOptions {
+            assignment_ttl: self.assignment_ttl,
+            min_share: self.min_share,
+            unmatched: match self.unmatched {
+                UnmatchedArg::AllowAll => crate::rlqs::Unmatched::Allow,
+                UnmatchedArg::DenyAll => crate::rlqs::Unmatched::Deny,
+            },
+            max_buckets: self.max_buckets,
+            max_streams: self.max_streams,
+            max_bucket_bytes: self.max_bucket_bytes,
+            max_buckets_per_stream: self.max_buckets_per_stream,
+            max_pairs: self.max_pairs,
+            exchange_timeout: self.exchange_timeout,
+            max_queued_bytes: self.max_queued_bytes,
+            idle_timeout: self.idle_timeout,
+            max_entries,
+            max_value_bytes,
+            instance,
+        }
+    }
+}
