@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod admin_listener;
+mod background;
 mod grpc;
 #[cfg(feature = "test-util")]
 mod in_process;
@@ -24,6 +25,8 @@ mod whole;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
+
+use background::Background;
 
 use crate::candidate::Candidate;
 use crate::health::Health;
@@ -308,7 +311,7 @@ fn parts(
     }
 
     let control = async move {
-        let mut tasks = Vec::new();
+        let mut tasks = Background::default();
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let router = crate::admin::router(
@@ -319,62 +322,13 @@ fn parts(
                 health.clone(),
                 admin_access.clone(),
             );
-            tasks.push(tokio::spawn(admin_listener::serve(
+            tasks.spawn(admin_listener::serve(
                 listener,
                 router,
                 limits.clone(),
                 tls.clone().filter(|_| admin_tls),
                 stop_rx.clone(),
-            )));
-        }
-        // State that can no longer matter is dropped every second, so memory
-        // follows the active keys. The sweep walks every shard: it runs on a
-        // blocking thread, away from the runtime that answers health checks.
-        let sweeper = limiter.clone();
-        let candidate_sweeper = candidate.as_ref().map(|c| c.candidate.limiter().clone());
-        let limited_sweeper = limited.clone();
-        tasks.push(tokio::spawn(every(Duration::from_secs(1), move || {
-            sweeper.sweep(sweeper.clock().now());
-            if let Some(c) = &candidate_sweeper {
-                c.sweep(c.clock().now());
-            }
-            if let Some(l) = &limited_sweeper {
-                l.sweep();
-            }
-        })));
-        // On a shared store, this instance's view of who is limited is
-        // published for the others' merged view.
-        if let (Some(view), crate::store::Store::Redis(_)) = (&limited, limiter.store()) {
-            let (view, publisher) = (view.clone(), limiter.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(crate::limited::PUBLISH_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    if let crate::store::Store::Redis(store) = publisher.store()
-                        && let Err(error) = view.publish(store, &publisher.rules()).await
-                    {
-                        tracing::debug!(%error, "the view of who is limited was not published");
-                    }
-                }
-            }));
-        }
-        // Quota streams: reloaded rules, the store's totals, and pushes of
-        // assignments that changed.
-        let ticking = quotas.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                ticking.tick().await;
-            }
-        }));
-        if let Some(statsd) = statsd {
-            tasks.push(tokio::spawn(crate::stats::statsd::run(
-                statsd,
-                limiter.metrics().clone(),
-            )));
+            ));
         }
         if let Some(reference) = reference_metrics {
             let listener = tokio::net::TcpListener::from_std(reference.listener)?;
@@ -383,75 +337,35 @@ fn parts(
                 reference.path,
                 reference.mapper,
             );
-            tasks.push(tokio::spawn(admin_listener::serve(
+            tasks.spawn(admin_listener::serve(
                 listener,
                 router,
                 limits.clone(),
                 None,
                 stop_rx.clone(),
-            )));
+            ));
+        }
+        tasks.sweep(
+            limiter.clone(),
+            candidate.as_ref().map(|c| c.candidate.limiter().clone()),
+            limited.clone(),
+        );
+        if let Some(view) = &limited {
+            tasks.publish_limited(view.clone(), limiter.clone());
+        }
+        tasks.quota_ticks(quotas.clone());
+        if let Some(statsd) = statsd {
+            tasks.spawn(crate::stats::statsd::run(statsd, limiter.metrics().clone()));
         }
         if let Some(xds) = xds {
-            tasks.push(tokio::spawn(crate::xds::run(
-                xds,
-                limiter.clone(),
-                health.clone(),
-            )));
+            tasks.spawn(crate::xds::run(xds, limiter.clone(), health.clone()));
         }
-        // Renewed certificates are picked up for new connections.
         if let Some(tls) = tls.clone() {
-            tasks.push(tokio::spawn(every(TLS_RELOAD_INTERVAL, move || {
-                tls.reload_if_changed();
-            })));
+            tasks.tls_renewal(tls);
         }
-        // gRPC health says what /healthcheck says. The liveness service says
-        // only that the gRPC server answers: a store outage or a drain makes
-        // the instance unready, never a restart (the manifests' liveness probe).
-        let (health_limiter, health_state, reporter) =
-            (limiter.clone(), health.clone(), grpc_health.clone());
-        tasks.push(tokio::spawn(async move {
-            reporter
-                .set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving)
-                .await;
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                let status = match health_state.check(&health_limiter).await {
-                    Ok(_) => tonic_health::ServingStatus::Serving,
-                    Err(_) => tonic_health::ServingStatus::NotServing,
-                };
-                set_health(&reporter, status).await;
-            }
-        }));
-        if let Some(HotReload { reloader, interval }) = reloader {
-            let candidate_reloader = candidate.as_ref().map(|c| c.reloader.clone());
-            if let Some(interval) = interval {
-                let watcher = reloader.clone();
-                let candidate_watcher = candidate_reloader.clone();
-                tasks.push(tokio::spawn(every(interval, move || {
-                    watcher.poll();
-                    if let Some(c) = &candidate_watcher {
-                        c.poll();
-                    }
-                })));
-            }
-            #[cfg(unix)]
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-                Ok(mut hangups) => tasks.push(tokio::spawn(async move {
-                    while hangups.recv().await.is_some() {
-                        let reloader = reloader.clone();
-                        let candidate = candidate_reloader.clone();
-                        let _ = tokio::task::spawn_blocking(move || {
-                            let _ = reloader.reload("SIGHUP");
-                            if let Some(c) = candidate {
-                                let _ = c.reload("SIGHUP");
-                            }
-                        })
-                        .await;
-                    }
-                })),
-                Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
-            }
+        tasks.grpc_health(limiter.clone(), health.clone(), grpc_health.clone());
+        if let Some(reloader) = reloader {
+            tasks.rule_reloads(reloader, candidate.as_ref().map(|c| c.reloader.clone()));
         }
         // Signal handlers are in place (SIGHUP above; SIGTERM/SIGINT on the
         // first poll of `shutdown`) before the lines that say Tollgate is up:
@@ -476,26 +390,10 @@ fn parts(
         set_health(&grpc_health, tonic_health::ServingStatus::NotServing).await;
         tokio::time::sleep(shutdown_delay).await;
         let _ = stop_tx.send(true);
-        for task in tasks {
-            task.abort();
-        }
+        tasks.abort();
         Ok::<(), std::io::Error>(())
     };
     (workers, control)
-}
-
-/// Runs `work` every `interval` on a blocking thread, never two at once:
-/// the sweep walks every shard and the reloads read files, which must not
-/// hold up the runtime that answers health checks and admin requests.
-async fn every(interval: Duration, work: impl Fn() + Send + Sync + 'static) {
-    let work = Arc::new(work);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let work = work.clone();
-        let _ = tokio::task::spawn_blocking(move || work()).await;
-    }
 }
 
 /// The gRPC health service name that is SERVING for as long as the process

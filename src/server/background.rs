@@ -1,0 +1,167 @@
+//! The server's background tasks, each started by a method of its own:
+//! sweeping, the quota service's ticks, the published view of who is
+//! limited, statsd, xDS, TLS renewal, gRPC health and rule reloads. They
+//! run on the control runtime until shutdown aborts them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::{HotReload, LIVENESS_SERVICE, TLS_RELOAD_INTERVAL, Tls, set_health};
+use crate::health::Health;
+use crate::limited::Limited;
+use crate::limiter::Limiter;
+use crate::reload::Reloader;
+use crate::rlqs::Quotas;
+
+/// The tasks started so far.
+#[derive(Default)]
+pub(super) struct Background(Vec<JoinHandle<()>>);
+
+impl Background {
+    /// Runs `task` until [`Background::abort`].
+    pub(super) fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.0.push(tokio::spawn(task));
+    }
+
+    /// Stops every task.
+    pub(super) fn abort(self) {
+        for task in self.0 {
+            task.abort();
+        }
+    }
+
+    /// State that can no longer matter is dropped every second, so memory
+    /// follows the active keys: the live store's, the candidate rules', and
+    /// the view of who is limited. The sweep walks every shard: it runs on a
+    /// blocking thread, away from the runtime that answers health checks.
+    pub(super) fn sweep(
+        &mut self,
+        limiter: Arc<Limiter>,
+        candidate: Option<Arc<Limiter>>,
+        limited: Option<Arc<Limited>>,
+    ) {
+        self.spawn(every(Duration::from_secs(1), move || {
+            limiter.sweep(limiter.clock().now());
+            if let Some(c) = &candidate {
+                c.sweep(c.clock().now());
+            }
+            if let Some(l) = &limited {
+                l.sweep();
+            }
+        }));
+    }
+
+    /// On a shared store, this instance's view of who is limited is
+    /// published for the others' merged view.
+    pub(super) fn publish_limited(&mut self, view: Arc<Limited>, limiter: Arc<Limiter>) {
+        if !matches!(limiter.store(), crate::store::Store::Redis(_)) {
+            return;
+        }
+        self.spawn(async move {
+            let mut tick = tokio::time::interval(crate::limited::PUBLISH_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let crate::store::Store::Redis(store) = limiter.store()
+                    && let Err(error) = view.publish(store, &limiter.rules()).await
+                {
+                    tracing::debug!(%error, "the view of who is limited was not published");
+                }
+            }
+        });
+    }
+
+    /// Quota streams, every second: reloaded rules, the store's totals, and
+    /// pushes of assignments that changed.
+    pub(super) fn quota_ticks(&mut self, quotas: Arc<Quotas>) {
+        self.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                quotas.tick().await;
+            }
+        });
+    }
+
+    /// Renewed certificates are picked up for new connections.
+    pub(super) fn tls_renewal(&mut self, tls: Arc<Tls>) {
+        self.spawn(every(TLS_RELOAD_INTERVAL, move || {
+            tls.reload_if_changed();
+        }));
+    }
+
+    /// gRPC health says what /healthcheck says, every second. The liveness
+    /// service says only that the gRPC server answers: a store outage or a
+    /// drain makes the instance unready, never a restart (the manifests'
+    /// liveness probe).
+    pub(super) fn grpc_health(
+        &mut self,
+        limiter: Arc<Limiter>,
+        health: Arc<Health>,
+        reporter: tonic_health::server::HealthReporter,
+    ) {
+        self.spawn(async move {
+            reporter
+                .set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving)
+                .await;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let status = match health.check(&limiter).await {
+                    Ok(_) => tonic_health::ServingStatus::Serving,
+                    Err(_) => tonic_health::ServingStatus::NotServing,
+                };
+                set_health(&reporter, status).await;
+            }
+        });
+    }
+
+    /// Reloads of the live rules (and the candidate rules with them): on
+    /// file changes when watched, and on SIGHUP.
+    pub(super) fn rule_reloads(&mut self, live: HotReload, candidate: Option<Arc<Reloader>>) {
+        let HotReload { reloader, interval } = live;
+        if let Some(interval) = interval {
+            let (watcher, candidate_watcher) = (reloader.clone(), candidate.clone());
+            self.spawn(every(interval, move || {
+                watcher.poll();
+                if let Some(c) = &candidate_watcher {
+                    c.poll();
+                }
+            }));
+        }
+        #[cfg(unix)]
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hangups) => self.spawn(async move {
+                while hangups.recv().await.is_some() {
+                    let reloader = reloader.clone();
+                    let candidate = candidate.clone();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        let _ = reloader.reload("SIGHUP");
+                        if let Some(c) = candidate {
+                            let _ = c.reload("SIGHUP");
+                        }
+                    })
+                    .await;
+                }
+            }),
+            Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
+        }
+    }
+}
+
+/// Runs `work` every `interval` on a blocking thread, never two at once:
+/// the sweep walks every shard and the reloads read files, which must not
+/// hold up the runtime that answers health checks and admin requests.
+async fn every(interval: Duration, work: impl Fn() + Send + Sync + 'static) {
+    let work = Arc::new(work);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let work = work.clone();
+        let _ = tokio::task::spawn_blocking(move || work()).await;
+    }
+}
