@@ -150,7 +150,17 @@ async fn reset_all(
     let max_keys = match fields.get("max_keys") {
         None => MAX_KEYS,
         Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-            Some(n) => n,
+            Some(n) if n <= s.access.reset_ceiling => n,
+            Some(n) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "max_keys {n} is above --admin-reset-max-keys ({})\n",
+                        s.access.reset_ceiling
+                    ),
+                )
+                    .into_response();
+            }
             None => {
                 return (StatusCode::BAD_REQUEST, "max_keys is a whole number\n").into_response();
             }

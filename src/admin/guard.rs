@@ -39,6 +39,8 @@ pub(crate) struct Access {
     pub tokens: Option<Vec<(String, String)>>,
     /// Whether reading who is limited needs a token too (`--admin-reads token`).
     pub reads_need_token: bool,
+    /// The most counters one bulk reset may clear (`--admin-reset-max-keys`).
+    pub reset_ceiling: usize,
 }
 
 impl Access {
@@ -50,6 +52,7 @@ impl Access {
             refused: std::sync::atomic::AtomicU64::new(0),
             tokens: None,
             reads_need_token: false,
+            reset_ceiling: 1_000_000,
         }
     }
 
@@ -59,7 +62,13 @@ impl Access {
         self
     }
 
-    /// Reads of who is limited need a token.
+    /// At most `keys` counters cleared by one bulk reset.
+    pub(crate) fn with_reset_ceiling(mut self, keys: usize) -> Self {
+        self.reset_ceiling = keys;
+        self
+    }
+
+    /// Reading who is limited needs a token (`--admin-reads token`).
     pub(crate) fn with_token_reads(mut self) -> Self {
         self.reads_need_token = true;
         self

@@ -235,7 +235,8 @@ fn admin_access(args: &ServeArgs) -> Result<crate::admin::Access, String> {
             .map(|h| h.to_ascii_lowercase())
             .collect(),
         args.admin_json == OnOff::On,
-    );
+    )
+    .with_reset_ceiling(args.limited.admin_reset_max_keys);
     if let Some(path) = &args.limited.admin_token_file {
         access = access.with_tokens(crate::admin::read_tokens(path)?);
     }

@@ -67,6 +67,12 @@ pub(crate) struct LimitedArgs {
     /// name is logged with each reset). Without it, resets are refused.
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+
+    /// The most counters one reset of a rule or a domain may clear, whatever
+    /// its body's `max_keys` asks (the keys found are held while they are
+    /// deleted).
+    #[arg(long = "admin-reset-max-keys", env = "TOLLGATE_ADMIN_RESET_MAX_KEYS", default_value_t = 1_000_000, value_parser = super::values::at_least_one)]
+    pub admin_reset_max_keys: usize,
 }
 
 /// `--admin-reads`.

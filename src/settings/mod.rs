@@ -16,6 +16,7 @@ mod rlqs;
 mod rule_load;
 mod serve;
 mod stats;
+mod top;
 mod unknown;
 mod values;
 mod xds;
@@ -29,6 +30,7 @@ pub(crate) use rlqs::RlqsArgs;
 pub(crate) use rule_load::RuleLoadArgs;
 pub(crate) use serve::StoreOptions;
 pub(crate) use stats::StatsArgs;
+pub(crate) use top::TopArgs;
 pub(crate) use unknown::unknown_env;
 pub(crate) use values::LogFormat;
 pub(crate) use values::{
@@ -62,54 +64,6 @@ pub(crate) enum Command {
     /// Who is being limited, in the terminal: a running Tollgate's
     /// /limited, refreshed (Ctrl-C to quit).
     Top(TopArgs),
-}
-
-/// `tollgate top`.
-#[derive(Debug, Args, Clone)]
-pub(crate) struct TopArgs {
-    /// The admin port of a running Tollgate (`http://HOST:PORT`).
-    #[arg(long, default_value = "http://127.0.0.1:6070")]
-    pub admin: String,
-    /// How often to refresh.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub interval: Duration,
-    /// Only this domain's rules.
-    #[arg(long)]
-    pub domain: Option<String>,
-    /// Only clients with a descriptor key or value containing this.
-    #[arg(long)]
-    pub search: Option<String>,
-    /// Print once and exit.
-    #[arg(long)]
-    pub once: bool,
-    /// A file whose first token (`TOKEN` or `NAME:TOKEN`) is sent as a
-    /// bearer token (for a Tollgate with --admin-reads token).
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-}
-
-impl TopArgs {
-    /// What to run; the error names an unreadable token file.
-    pub(crate) fn options(&self) -> Result<crate::top::TopOptions, String> {
-        let token = match &self.token_file {
-            None => None,
-            Some(path) => Some(
-                crate::admin::read_tokens(path)?
-                    .into_iter()
-                    .map(|(_, token)| token)
-                    .next()
-                    .unwrap_or_default(),
-            ),
-        };
-        Ok(crate::top::TopOptions {
-            admin: self.admin.clone(),
-            interval: self.interval,
-            domain: self.domain.clone(),
-            search: self.search.clone(),
-            once: self.once,
-            token,
-        })
-    }
 }
 
 /// `tollgate simulate`.

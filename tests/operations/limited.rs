@@ -34,7 +34,12 @@ async fn scenario(store: &[&str], redis: bool) {
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, format!("# operators\n{TOKEN}\n")).expect("write tokens");
     let tokens = tokens.to_string_lossy().into_owned();
-    let mut args = vec!["--admin-token-file", tokens.as_str()];
+    let mut args = vec![
+        "--admin-token-file",
+        tokens.as_str(),
+        "--admin-reset-max-keys",
+        "1000",
+    ];
     args.extend_from_slice(store);
     let server = Tollgate::start(RULES, &args);
     let mut client = server.client().await;
@@ -162,6 +167,16 @@ async fn scenario(store: &[&str], redis: bool) {
     );
     let unknown = all(json!({"domain": "api", "rule": "api.nope", "confirm": "api.nope"}));
     assert_eq!(unknown.status, 404, "{}", unknown.body);
+    // The body cannot raise the bound past the flag's.
+    let huge =
+        all(json!({"domain": "api", "rule": "api.user", "confirm": "api.user", "max_keys": 1001}));
+    assert_eq!(huge.status, 400, "{}", huge.body);
+    assert!(
+        huge.body
+            .contains("max_keys 1001 is above --admin-reset-max-keys (1000)"),
+        "{}",
+        huge.body
+    );
     if redis {
         let bounded =
             all(json!({"domain": "api", "rule": "api.user", "confirm": "api.user", "max_keys": 1}));

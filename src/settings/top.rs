@@ -1,0 +1,79 @@
+//! `tollgate top`'s flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::parse_duration;
+
+/// `tollgate top`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct TopArgs {
+    /// The admin port of a running Tollgate (`http://HOST:PORT`).
+    #[arg(long, default_value = "http://127.0.0.1:6070")]
+    pub admin: String,
+    /// How often to refresh (at least 100ms: each refresh is a request to
+    /// the admin port).
+    #[arg(long, default_value = "2s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Only this domain's rules.
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Only clients with a descriptor key or value containing this.
+    #[arg(long)]
+    pub search: Option<String>,
+    /// Print once and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// A file whose first token (`TOKEN` or `NAME:TOKEN`) is sent as a
+    /// bearer token (for a Tollgate with --admin-reads token).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+impl TopArgs {
+    /// What to run; the error names an unreadable token file.
+    pub(crate) fn options(&self) -> Result<crate::top::TopOptions, String> {
+        let token = match &self.token_file {
+            None => None,
+            Some(path) => Some(
+                crate::admin::read_tokens(path)?
+                    .into_iter()
+                    .map(|(_, token)| token)
+                    .next()
+                    .unwrap_or_default(),
+            ),
+        };
+        Ok(crate::top::TopOptions {
+            admin: self.admin.clone(),
+            interval: self.interval,
+            domain: self.domain.clone(),
+            search: self.search.clone(),
+            once: self.once,
+            token,
+        })
+    }
+}
+
+/// A refresh interval: a duration of at least 100 ms, so `top` cannot
+/// hammer the admin port it watches.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < Duration::from_millis(100) {
+        return Err(format!("'{text}' is below 100ms"));
+    }
+    Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_refresh_interval_is_at_least_100ms() {
+        assert_eq!(
+            super::parse_interval("1us"),
+            Err("'1us' is below 100ms".to_owned())
+        );
+        assert!(super::parse_interval("100ms").is_ok());
+    }
+}
