@@ -2,6 +2,7 @@
 //! store decide them together (all or nothing), and build the decision.
 //! Nothing here knows a proto type.
 
+mod compiled;
 mod failure;
 mod finish;
 mod headers;
@@ -34,7 +35,7 @@ pub use types::{
 
 /// Decides requests against the current rules and the store.
 pub struct Limiter {
-    rules: ArcSwap<RuleSet>,
+    rules: ArcSwap<compiled::Compiled>,
     store: Store,
     /// Where the `local` failure mode counts while the store is down.
     fallback: MemoryStore,
@@ -79,6 +80,10 @@ pub(super) struct Planned {
     pub(super) rule: Option<Arc<Rule>>,
     pub(super) limit: Limit,
     pub(super) shadow: bool,
+    /// The rule's counters, from the snapshot it was planned from (`None`
+    /// for a limit sent in the request, or a rule labelled with request
+    /// values).
+    pub(super) stats: Option<Arc<crate::metrics::LimitStats>>,
 }
 
 impl Limiter {
@@ -107,7 +112,7 @@ impl Limiter {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            rules: ArcSwap::from_pointee(rules),
+            rules: ArcSwap::from_pointee(compiled::Compiled::new(rules)),
             store,
             fallback: MemoryStore::new(MemoryStoreOptions::default()),
             clock,
@@ -160,7 +165,7 @@ impl Limiter {
     /// once a minute (a rule flapping between two definitions would log on
     /// every reload).
     pub fn set_rules(&self, rules: RuleSet) {
-        let restarted = crate::rules::restarted_counters(&self.rules.load(), &rules);
+        let restarted = crate::rules::restarted_counters(self.rules.load().rules(), &rules);
         let now = self.clock.now();
         let mut logged = self.restarts_logged.lock();
         if logged.len() >= RESTART_LOG_RULES {
@@ -189,12 +194,12 @@ impl Limiter {
                 "more rules changed algorithm, period or zone: their counters restart"
             );
         }
-        self.rules.store(Arc::new(rules));
+        self.rules.store(Arc::new(compiled::Compiled::new(rules)));
     }
 
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
-        self.rules.load_full()
+        self.rules.load().rules().clone()
     }
 
     /// The store.

@@ -54,7 +54,15 @@ impl Limiter {
         allowed: bool,
         remaining: u32,
     ) {
-        let stats = self.stats(plan, check);
+        // A rule's counters came with its plan; others are found now.
+        let found;
+        let stats: &LimitStats = match &plan.stats {
+            Some(stats) => stats,
+            None => {
+                found = self.stats(plan, check);
+                &found
+            }
+        };
         let hits = check.hits;
         stats.total_hits.fetch_add(hits, Relaxed);
         if !allowed {
@@ -72,7 +80,8 @@ impl Limiter {
         }
     }
 
-    /// The counters for a descriptor: the rule's (labels from its path), or,
+    /// The counters for a descriptor planned without them: the rule's
+    /// (labels from its path), or,
     /// when the rule opts in with `detailed_metric`/`value_to_metric`, labels
     /// with the request's values. Label sets made from a request are capped
     /// (see [`crate::metrics`]).
@@ -104,10 +113,12 @@ impl Limiter {
         };
         match &plan.rule {
             Some(rule) if rule.detailed_metric || rule.value_to_metric => detailed(true),
-            Some(rule) => rule
-                .stats
-                .get_or_init(|| self.metrics.limit(&rule.metric_labels))
-                .clone(),
+            // Planned without its snapshot's handle: found by its labels.
+            Some(rule) => self.metrics.limit(&crate::metrics::rule_labels(
+                &rule.domain,
+                rule.levels.iter().map(AsRef::as_ref),
+                rule.limit_label.as_deref(),
+            )),
             // A limit sent in the request: labelled by its keys only.
             None => detailed(false),
         }

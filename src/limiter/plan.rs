@@ -24,7 +24,7 @@ impl Limiter {
             unlimited,
             ..
         } = plan;
-        let known_domain = rules.has_domain(request.domain);
+        let known_domain = rules.rules().has_domain(request.domain);
         for (d, descriptor) in request.descriptors.iter().enumerate() {
             // As the reference: an unknown domain has no limits, even for overrides.
             if !known_domain {
@@ -43,7 +43,7 @@ impl Limiter {
                 );
                 continue;
             }
-            let Some(matched) = rules.lookup(request.domain, &descriptor.entries) else {
+            let Some(matched) = rules.rules().lookup(request.domain, &descriptor.entries) else {
                 continue;
             };
             for rule in matched.rules {
@@ -53,6 +53,7 @@ impl Limiter {
                     unlimited.push(d);
                     continue;
                 };
+                let len = planned.len();
                 self.plan_limit(
                     (request, d),
                     (Some(rule.clone()), limit, rule.shadow_mode),
@@ -60,6 +61,12 @@ impl Limiter {
                     hits_default,
                     (planned, checks),
                 );
+                // Labelled from its path: its counters from this snapshot.
+                if !(rule.detailed_metric || rule.value_to_metric)
+                    && let Some(p) = planned.get_mut(len)
+                {
+                    p.stats = Some(rules.stats(rule, &self.metrics));
+                }
             }
             let max = self.options.bounds.checks;
             if checks.len() > max {
@@ -114,6 +121,7 @@ impl Limiter {
             rule,
             limit,
             shadow,
+            stats: None,
         });
     }
 }

@@ -45,6 +45,20 @@ pub(crate) fn label_value(out: &mut String, value: &str) {
     }
 }
 
+/// A rule's labels: [`metric_labels`], and `limit="..."` for one of
+/// several limits of a descriptor.
+pub(crate) fn rule_labels<'a>(
+    domain: &str,
+    levels: impl Iterator<Item = &'a str>,
+    limit_label: Option<&str>,
+) -> String {
+    let mut labels = metric_labels(domain, levels);
+    if let Some(label) = limit_label {
+        push_label(&mut labels, "limit", label);
+    }
+    labels
+}
+
 /// `domain="d",key1="a_b",key2="c"`: the reference's Prometheus labels.
 pub(crate) fn metric_labels<'a>(domain: &str, keys: impl Iterator<Item = &'a str>) -> String {
     let mut labels = String::from("domain=\"");

@@ -38,7 +38,7 @@ pub(crate) mod limited;
 pub(crate) mod rlqs;
 
 pub(crate) use histogram::{Histogram, Samples};
-pub(crate) use labels::{label_value, labels, metric_labels, push_label, truncated};
+pub(crate) use labels::{label_value, labels, metric_labels, push_label, rule_labels, truncated};
 
 use candidate::CandidateMetrics;
 use exposition::{Exposition, Kind};

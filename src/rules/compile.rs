@@ -300,8 +300,6 @@ impl Compiler {
         if self.errors.len() > before {
             return None;
         }
-        let mut metric_labels =
-            crate::metrics::metric_labels(domain, levels.iter().map(String::as_str));
         // One of several limits: told apart by its name, else its period.
         let policy_name = match (&name, &limit) {
             (Some(name), _) => name.clone(),
@@ -313,9 +311,6 @@ impl Compiler {
                 .or_else(|| limit.map(|l| l.period_name()))
                 .unwrap_or_default()
         });
-        if let Some(label) = &limit_label {
-            crate::metrics::push_label(&mut metric_labels, "limit", label);
-        }
         Some(Rule {
             path: path.to_owned(),
             reported_name: name.as_deref().unwrap_or("").into(),
@@ -332,9 +327,9 @@ impl Compiler {
                 // Each of several limits at its own line.
                 line: if several { pos } else { descriptor_pos }.map_or(0, |p| p.0),
             },
-            metric_labels,
+            domain: (**domain).into(),
+            levels: levels.iter().map(|l| l.as_str().into()).collect(),
             limit_label: limit_label.map(Into::into),
-            stats: std::sync::OnceLock::new(),
             // Set when the rule joins the set (see `add_descriptors`).
             index: 0,
         })

@@ -160,14 +160,14 @@ pub struct Rule {
     pub value_to_metric: bool,
     /// Where the rule was written.
     pub source: Source,
-    /// Prometheus labels for this limit (`domain="..",key1="..",...`),
-    /// from the rule's path, never from request values.
-    pub metric_labels: String,
+    /// Its domain.
+    pub domain: Box<str>,
+    /// Each level of its path (`key_value`, or `key` for any value): what
+    /// its metrics are labelled with, never request values.
+    pub levels: Box<[Box<str>]>,
     /// For one of several limits (`rate_limits`), the `limit` label that
     /// tells its metrics apart: its name, else its period.
     pub limit_label: Option<Box<str>>,
-    /// This rule's counters, found once (they outlive reloads).
-    pub stats: std::sync::OnceLock<std::sync::Arc<crate::metrics::LimitStats>>,
     /// Its position in [`RuleSet::rules`]: what a decision's
     /// [`AppliedLimit::rule`](crate::limiter::AppliedLimit::rule) names.
     pub index: usize,

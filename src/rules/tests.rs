@@ -162,7 +162,7 @@ descriptors:
 }
 
 #[test]
-fn metric_labels_keep_each_level_whole() {
+fn a_rules_levels_keep_each_level_whole() {
     let rules = load(
         "domain: d
 descriptors:
@@ -175,9 +175,10 @@ descriptors:
     )
     .expect("loads");
     let rule = &rules.rules()[0];
+    assert_eq!(&*rule.domain, "d");
     assert_eq!(
-        rule.metric_labels,
-        r#"domain="d",key1="ip_10.0.0.1",key2="path""#
+        rule.levels.iter().map(AsRef::as_ref).collect::<Vec<&str>>(),
+        ["ip_10.0.0.1", "path"]
     );
 }
 
@@ -220,13 +221,7 @@ descriptors:
         Some("Europe/Berlin")
     );
     assert!(month_limit.budget);
-    assert!(
-        month
-            .metric_labels
-            .ends_with(",limit=\"month@Europe/Berlin\""),
-        "{}",
-        month.metric_labels
-    );
+    assert_eq!(month.limit_label.as_deref(), Some("month@Europe/Berlin"));
     // The server's zone for calendar limits without one.
     let daily = rules.lookup("d", &[("daily", "x")]).expect("matches").rules[0]
         .limit

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{HotReload, LIVENESS_SERVICE, TLS_RELOAD_INTERVAL, Tls, set_health};
+use super::{HotReload, TLS_RELOAD_INTERVAL, Tls, set_health};
 use crate::health::Health;
 use crate::limited::Limited;
 use crate::limiter::Limiter;
@@ -104,9 +104,6 @@ impl Background {
         reporter: tonic_health::server::HealthReporter,
     ) {
         self.spawn(async move {
-            reporter
-                .set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving)
-                .await;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;

@@ -363,6 +363,11 @@ fn parts(
         if let Some(tls) = tls.clone() {
             tasks.tls_renewal(tls);
         }
+        // Serving before the lines that say Tollgate is up: a probe sent as
+        // soon as they appear finds the service.
+        grpc_health
+            .set_service_status(LIVENESS_SERVICE, tonic_health::ServingStatus::Serving)
+            .await;
         tasks.grpc_health(limiter.clone(), health.clone(), grpc_health.clone());
         if let Some(reloader) = reloader {
             tasks.rule_reloads(reloader, candidate.as_ref().map(|c| c.reloader.clone()));

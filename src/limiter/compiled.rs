@@ -1,0 +1,89 @@
+//! The rules in force with what the limiter keeps per rule: each rule's
+//! metric handles, found once. Swapped whole on reload, so a request reads
+//! the rules and their handles from one snapshot; the rules themselves know
+//! nothing of metrics.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::metrics::{LimitStats, Metrics};
+use crate::rules::{Rule, RuleSet};
+
+/// A rule set and, by [`Rule::index`], each rule's counters.
+pub(crate) struct Compiled {
+    rules: Arc<RuleSet>,
+    stats: Box<[OnceLock<Arc<LimitStats>>]>,
+}
+
+impl Compiled {
+    /// `rules`, no handle found yet.
+    pub(super) fn new(rules: RuleSet) -> Self {
+        let stats = (0..rules.rules().len()).map(|_| OnceLock::new()).collect();
+        Self {
+            rules: Arc::new(rules),
+            stats,
+        }
+    }
+
+    /// The rules.
+    pub(super) fn rules(&self) -> &Arc<RuleSet> {
+        &self.rules
+    }
+
+    /// `rule`'s counters in `metrics` (labelled from its path; the handles
+    /// outlive reloads, the registry keeps them by label set).
+    pub(super) fn stats(&self, rule: &Rule, metrics: &Metrics) -> Arc<LimitStats> {
+        let labels = || {
+            crate::metrics::rule_labels(
+                &rule.domain,
+                rule.levels.iter().map(AsRef::as_ref),
+                rule.limit_label.as_deref(),
+            )
+        };
+        match self.stats.get(rule.index) {
+            Some(slot) => slot.get_or_init(|| metrics.limit(&labels())).clone(),
+            // A rule of another set (not planned from this one).
+            None => metrics.limit(&labels()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rules_labels_come_from_its_path_whole_and_its_limit_name() {
+        let rules = RuleSet::from_yaml(
+            "domain: d
+descriptors:
+  - key: ip
+    value: 10.0.0.1
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: api
+    rate_limits:
+      - {unit: month, requests_per_unit: 100000, calendar: true, time_zone: Europe/Berlin}
+      - {unit: second, requests_per_unit: 10}
+",
+        )
+        .expect("loads");
+        let metrics = Metrics::new(100, 128);
+        let compiled = Compiled::new(rules.clone());
+        for rule in rules.rules() {
+            let first = compiled.stats(rule, &metrics);
+            assert!(
+                Arc::ptr_eq(&first, &compiled.stats(rule, &metrics)),
+                "found once"
+            );
+        }
+        let text = metrics.render();
+        for labels in [
+            r#"domain="d",key1="ip_10.0.0.1",key2="path""#,
+            r#"domain="d",key1="api",limit="month@Europe/Berlin""#,
+            r#"domain="d",key1="api",limit="second""#,
+        ] {
+            assert!(text.contains(labels), "{labels} in\n{text}");
+        }
+    }
+}
