@@ -275,3 +275,179 @@ fn deliver(
     }
     Ok(mine)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::msgpack::Writer;
+    use crate::store::redis::script::ScriptCheck;
+
+    const TIMEOUT: Duration = Duration::from_millis(100);
+
+    /// A part of `checks` checks.
+    fn part(checks: usize) -> Part {
+        Part {
+            keys: Arc::from(Vec::<String>::new()),
+            now_us: 0,
+            checks: (0..checks)
+                .map(|_| ScriptCheck {
+                    code: b'f',
+                    limit: 1,
+                    start_or_period: 0,
+                    end_or_burst: 1,
+                    cost: 1,
+                    charge: 1,
+                    enforce: b'1',
+                })
+                .collect(),
+        }
+    }
+
+    /// Queues a request of `checks` checks with `deadline`; its answer.
+    fn queue(q: &Queue, checks: usize, deadline: Instant) -> oneshot::Receiver<Answer> {
+        let (answer, answered) = oneshot::channel();
+        q.state.lock().waiting.push_back(Queued {
+            part: part(checks),
+            deadline,
+            answer,
+        });
+        answered
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    fn timed_out(answered: &mut oneshot::Receiver<Answer>) -> bool {
+        matches!(
+            answered.try_recv(),
+            Ok(Answer::Rows(Err(StoreError::Timeout(t)))) if t == TIMEOUT
+        )
+    }
+
+    #[test]
+    fn a_call_takes_the_live_waiters_in_order_within_its_bounds() {
+        let q = Queue::default();
+        let mut gone = queue(&q, 1, later());
+        gone.close();
+        let mut late = queue(&q, 1, Instant::now());
+        let mut kept = Vec::new();
+        for _ in 0..5 {
+            kept.push(queue(&q, 2, later()));
+        }
+        // At most 4 requests in all (the leader's and 3 waiters), at most 8
+        // checks (the leader's 1 and 3 x 2).
+        let bounds = BatchBounds {
+            requests: 4,
+            checks: 8,
+        };
+        let batch = q.take(bounds, 1, TIMEOUT);
+        assert_eq!(batch.len(), 3);
+        assert!(
+            timed_out(&mut late),
+            "past its deadline: answered, not sent"
+        );
+        assert_eq!(q.state.lock().waiting.len(), 2, "the rest wait");
+        // The checks bound: a leader of 6 checks takes one waiter of 2.
+        let batch = q.take(
+            BatchBounds {
+                requests: 64,
+                checks: 8,
+            },
+            6,
+            TIMEOUT,
+        );
+        assert_eq!(batch.len(), 1);
+        // One request per call: nothing beside the leader.
+        let batch = q.take(
+            BatchBounds {
+                requests: 1,
+                checks: 8,
+            },
+            1,
+            TIMEOUT,
+        );
+        assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn the_lead_passes_to_the_first_live_waiter_or_the_queue_goes_idle() {
+        let q = Queue::default();
+        q.state.lock().in_flight = true;
+        let mut gone = queue(&q, 1, later());
+        gone.close();
+        let mut late = queue(&q, 1, Instant::now());
+        let mut next = queue(&q, 3, later());
+        let mut after = queue(&q, 1, later());
+        q.pass_lead(TIMEOUT);
+        assert!(timed_out(&mut late));
+        match next.try_recv() {
+            Ok(Answer::Lead(lead)) => assert_eq!(lead.0.checks.len(), 3),
+            _ => panic!("the first live waiter leads"),
+        }
+        assert!(
+            after.try_recv().is_err(),
+            "still waiting behind the new leader"
+        );
+        assert!(q.state.lock().in_flight);
+        // That leader's call ends; the last waiter gave up meanwhile.
+        after.close();
+        q.pass_lead(TIMEOUT);
+        assert!(
+            !q.state.lock().in_flight,
+            "idle: the next request sends at once"
+        );
+    }
+
+    #[test]
+    fn each_waiter_gets_its_own_rows_or_the_calls_error() {
+        let reply = |rows: &[(u64, u64, u64)]| {
+            let mut w = Writer::array(rows.len() * 3);
+            for &(a, r, wait) in rows {
+                w.uint(a).uint(r).uint(wait);
+            }
+            Value::BulkString(w.into_bytes())
+        };
+        let (tx1, mut rx1) = oneshot::channel();
+        let (tx2, mut rx2) = oneshot::channel();
+        let others = vec![
+            Queued {
+                part: part(2),
+                deadline: later(),
+                answer: tx1,
+            },
+            Queued {
+                part: part(1),
+                deadline: later(),
+                answer: tx2,
+            },
+        ];
+        let mine = deliver(
+            1,
+            others,
+            Ok(reply(&[(1, 9, 0), (1, 8, 0), (0, 0, 5), (1, 7, 0)])),
+        )
+        .expect("rows");
+        assert_eq!(mine, vec![(true, 9, 0)]);
+        match rx1.try_recv() {
+            Ok(Answer::Rows(Ok(rows))) => assert_eq!(rows, vec![(true, 8, 0), (false, 0, 5)]),
+            _ => panic!("the first waiter's two rows"),
+        }
+        match rx2.try_recv() {
+            Ok(Answer::Rows(Ok(rows))) => assert_eq!(rows, vec![(true, 7, 0)]),
+            _ => panic!("the second waiter's row"),
+        }
+        // A reply of the wrong length is every part's error.
+        let (tx, mut rx) = oneshot::channel();
+        let others = vec![Queued {
+            part: part(1),
+            deadline: later(),
+            answer: tx,
+        }];
+        assert!(deliver(1, others, Ok(reply(&[(1, 1, 0)]))).is_err());
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Answer::Rows(Err(StoreError::Script(_))))
+        ));
+    }
+}

@@ -16,39 +16,77 @@
 use crate::algorithm::Algorithm;
 use crate::store::CounterKey;
 
-/// The Redis keys of one check in window `window` (see
-/// [`crate::algorithm::Quota::window_at`]): one, or two for the sliding
-/// window (current window first).
-pub(super) fn key_names(prefix: &str, key: &CounterKey, window: u64) -> ([String; 2], usize) {
-    let parts = key.parts();
-    let mut base = String::with_capacity(64);
-    base.push_str(prefix);
-    base.push('{');
-    escape_into(&mut base, parts.domain);
-    for (k, v) in &parts.entries {
-        base.push('|');
-        escape_into(&mut base, k);
-        base.push('=');
-        escape_into(&mut base, v);
+/// The Redis keys of one check: one, or two for the sliding window (the
+/// current window's first). The one place that knows how many keys an
+/// algorithm has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KeyNames {
+    names: [String; 2],
+    len: usize,
+}
+
+impl KeyNames {
+    /// How many keys a check of `algorithm` has.
+    pub(super) fn count(algorithm: Algorithm) -> usize {
+        match algorithm {
+            Algorithm::SlidingWindow => 2,
+            Algorithm::FixedWindow | Algorithm::TokenBucket => 1,
+        }
     }
-    base.push('}');
-    base.push(':');
-    base.push_str(algorithm_code(parts.algorithm));
-    base.push(':');
-    parts
-        .unit
-        .write_period_name(&mut base, parts.every, parts.zone);
-    let numbered = |window: u64| {
-        let mut name = String::with_capacity(base.len() + 21);
-        name.push_str(&base);
-        name.push(':');
-        name.push_str(itoa::Buffer::new().format(window));
-        name
-    };
-    match parts.algorithm {
-        Algorithm::FixedWindow => ([numbered(window), String::new()], 1),
-        Algorithm::SlidingWindow => ([numbered(window), numbered(window.saturating_sub(1))], 2),
-        Algorithm::TokenBucket => ([base, String::new()], 1),
+
+    /// The keys of `key` in window `window` (see
+    /// [`crate::algorithm::Quota::window_at`]).
+    pub(super) fn of(prefix: &str, key: &CounterKey, window: u64) -> Self {
+        let parts = key.parts();
+        let mut base = String::with_capacity(64);
+        base.push_str(prefix);
+        base.push('{');
+        escape_into(&mut base, parts.domain);
+        for (k, v) in &parts.entries {
+            base.push('|');
+            escape_into(&mut base, k);
+            base.push('=');
+            escape_into(&mut base, v);
+        }
+        base.push('}');
+        base.push(':');
+        base.push_str(algorithm_code(parts.algorithm));
+        base.push(':');
+        parts
+            .unit
+            .write_period_name(&mut base, parts.every, parts.zone);
+        let numbered = |window: u64| {
+            let mut name = String::with_capacity(base.len() + 21);
+            name.push_str(&base);
+            name.push(':');
+            name.push_str(itoa::Buffer::new().format(window));
+            name
+        };
+        let names = match parts.algorithm {
+            Algorithm::FixedWindow => [numbered(window), String::new()],
+            Algorithm::SlidingWindow => [numbered(window), numbered(window.saturating_sub(1))],
+            Algorithm::TokenBucket => [base, String::new()],
+        };
+        Self {
+            names,
+            len: Self::count(parts.algorithm),
+        }
+    }
+
+    /// The first key (the current window's): the one whose slot is the
+    /// check's.
+    pub(super) fn first(&self) -> &str {
+        &self.names[0]
+    }
+
+    /// Each key, the current window's first.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
+        self.names[..self.len].iter().map(String::as_str)
+    }
+
+    /// Each key, owned.
+    pub(super) fn into_names(self) -> impl Iterator<Item = String> {
+        self.names.into_iter().take(self.len)
     }
 }
 
@@ -157,11 +195,13 @@ mod tests {
     fn names_are_readable_and_share_a_slot() {
         let mut key = CounterKey::new("api", Algorithm::SlidingWindow, Unit::Minute);
         key.entry("user", "ann");
-        let ([current, previous], n) = key_names("tollgate:", &key, 2);
-        assert_eq!(n, 2);
+        let names = KeyNames::of("tollgate:", &key, 2);
+        let [current, previous] = names.iter().collect::<Vec<_>>()[..] else {
+            panic!("two keys: {names:?}");
+        };
         assert_eq!(current, "tollgate:{api|user=ann}:sw:minute:2");
         assert_eq!(previous, "tollgate:{api|user=ann}:sw:minute:1");
-        assert_eq!(Slot::for_key(&current), Slot::for_key(&previous));
+        assert_eq!(Slot::for_key(current), Slot::for_key(previous));
     }
 
     #[test]
@@ -195,7 +235,7 @@ mod tests {
             for (k, v) in entries {
                 key.entry(k, v);
             }
-            key_names("tollgate:", &key, 0).0[0].clone()
+            KeyNames::of("tollgate:", &key, 0).first().to_owned()
         };
         let attacker = name(&[("user", "victim|path=/login")]);
         let victim = name(&[("user", "victim"), ("path", "/login")]);
@@ -220,7 +260,7 @@ mod tests {
                 for (k, v) in entries {
                     key.entry(k, v);
                 }
-                key_names("tollgate:", &key, 7_200_000_000_000).0
+                KeyNames::of("tollgate:", &key, 7_200_000_000_000).into_names().collect::<Vec<_>>()
             };
             let (na, nb) = (name(&a), name(&b));
             prop_assert_eq!(a == b, na == nb);

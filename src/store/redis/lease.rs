@@ -240,3 +240,139 @@ impl RedisStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Quota;
+    use crate::clock::NANOS_PER_SEC;
+    use crate::period::Unit;
+    use crate::store::CounterKey;
+
+    const SEC: Nanos = NANOS_PER_SEC;
+
+    /// A check of `user` on a limit of 100 a minute, leasing 10 at a time.
+    fn check(user: &str, algorithm: Algorithm, hits: u64) -> Check {
+        let mut key = CounterKey::new("d", algorithm, Unit::Minute);
+        key.entry("user", user);
+        let mut check = Check::new(key, algorithm, Quota::new(100, 60 * SEC, 100), hits, true);
+        check.lease = 10;
+        check
+    }
+
+    #[test]
+    fn a_granted_lease_serves_its_hits_and_no_more() {
+        let leases = Leases::default();
+        let now = 5 * SEC;
+        leases.grant(&check("ann", Algorithm::FixedWindow, 1), now);
+        let mut served = 0;
+        loop {
+            let mut checks = [check("ann", Algorithm::FixedWindow, 1)];
+            if leases.take(&mut checks, now).is_empty() {
+                assert!(checks[0].outcome.is_none(), "not served: left for Redis");
+                break;
+            }
+            served += 1;
+            let outcome = checks[0].outcome.expect("served");
+            assert!(outcome.allowed);
+            assert_eq!(
+                u64::from(outcome.remaining),
+                10 - served,
+                "this lease's balance"
+            );
+        }
+        assert_eq!(served, 10);
+        // Another key has no lease; a check without `lease` never uses one.
+        let mut other = [check("bob", Algorithm::FixedWindow, 1)];
+        assert!(leases.take(&mut other, now).is_empty());
+        leases.grant(&check("cy", Algorithm::FixedWindow, 1), now);
+        let mut unleased = [check("cy", Algorithm::FixedWindow, 1)];
+        unleased[0].lease = 0;
+        assert!(leases.take(&mut unleased, now).is_empty());
+    }
+
+    #[test]
+    fn a_check_larger_than_the_balance_waits_for_redis_and_gives_back_restore() {
+        let leases = Leases::default();
+        let now = SEC;
+        leases.grant(&check("ann", Algorithm::FixedWindow, 1), now);
+        let mut big = [check("ann", Algorithm::FixedWindow, 11)];
+        assert!(leases.take(&mut big, now).is_empty(), "11 > 10 left");
+        // A request of two checks: one served, then refused elsewhere, so
+        // what it took goes back.
+        let mut two = [
+            check("ann", Algorithm::FixedWindow, 4),
+            check("bob", Algorithm::FixedWindow, 1),
+        ];
+        let taken = leases.take(&mut two, now);
+        assert_eq!(taken.as_slice(), &[(0, 4)]);
+        leases.give_back(&two, &taken);
+        let mut all = [check("ann", Algorithm::FixedWindow, 10)];
+        assert_eq!(
+            leases.take(&mut all, now).as_slice(),
+            &[(0, 10)],
+            "all 10 back"
+        );
+    }
+
+    #[test]
+    fn a_lease_dies_with_its_window_or_its_time() {
+        let leases = Leases::default();
+        leases.grant(&check("ann", Algorithm::FixedWindow, 1), 59 * SEC);
+        let mut next_window = [check("ann", Algorithm::FixedWindow, 1)];
+        assert!(leases.take(&mut next_window, 61 * SEC).is_empty());
+        // A token bucket's lease lasts the time its tokens stand for: 10
+        // tokens of 100 a minute, 6 s.
+        leases.grant(&check("bob", Algorithm::TokenBucket, 1), 0);
+        let mut within = [check("bob", Algorithm::TokenBucket, 1)];
+        assert_eq!(leases.take(&mut within, 5 * SEC).len(), 1);
+        let mut after = [check("bob", Algorithm::TokenBucket, 1)];
+        assert!(leases.take(&mut after, 6 * SEC).is_empty());
+        // A reset forgets a key's lease; a bulk one every lease.
+        leases.grant(&check("cy", Algorithm::FixedWindow, 1), 0);
+        leases.grant(&check("dee", Algorithm::FixedWindow, 1), 0);
+        leases.forget(&[check("cy", Algorithm::FixedWindow, 1)]);
+        assert!(
+            leases
+                .take(&mut [check("cy", Algorithm::FixedWindow, 1)], 0)
+                .is_empty()
+        );
+        assert_eq!(
+            leases
+                .take(&mut [check("dee", Algorithm::FixedWindow, 1)], 0)
+                .len(),
+            1
+        );
+        leases.clear();
+        assert!(
+            leases
+                .take(&mut [check("dee", Algorithm::FixedWindow, 1)], 0)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn at_the_bound_expired_leases_make_room_and_live_ones_are_kept() {
+        let leases = Leases::default();
+        for i in 0..MAX_LEASES {
+            leases.grant(&check(&i.to_string(), Algorithm::FixedWindow, 1), 0);
+        }
+        // Full of live leases: a new one is not kept.
+        leases.grant(&check("new", Algorithm::FixedWindow, 1), 1);
+        assert!(
+            leases
+                .take(&mut [check("new", Algorithm::FixedWindow, 1)], 1)
+                .is_empty()
+        );
+        assert_eq!(leases.table.lock().len(), MAX_LEASES);
+        // A minute later they have expired: room again.
+        leases.grant(&check("new", Algorithm::FixedWindow, 1), 61 * SEC);
+        assert_eq!(
+            leases
+                .take(&mut [check("new", Algorithm::FixedWindow, 1)], 61 * SEC)
+                .len(),
+            1
+        );
+        assert_eq!(leases.table.lock().len(), 1);
+    }
+}

@@ -15,8 +15,9 @@
 use futures_util::future::join;
 use smallvec::SmallVec;
 
-use super::{RedisStore, keys::key_names, keys::script_code};
-use crate::algorithm::{Algorithm, NANOS_PER_TICK};
+use super::RedisStore;
+use super::keys::{KeyNames, script_code};
+use crate::algorithm::NANOS_PER_TICK;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::store::{Check, StoreError, refused};
 
@@ -86,9 +87,9 @@ impl RedisStore {
             .map(|check| {
                 let mut invocation = self.inner.refund.prepare_invoke();
                 let window = check.quota.window_at(now);
-                let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
-                debug_assert!(n == 1 || check.algorithm == Algorithm::SlidingWindow);
-                for name in names.iter().take(n) {
+                for name in
+                    KeyNames::of(&self.inner.options.prefix, &check.key, window.index).iter()
+                {
                     invocation.key(name);
                 }
                 let period = (check.quota.period / NANOS_PER_TICK).max(1);

@@ -5,9 +5,9 @@ use super::keys::Slot;
 use futures_util::future::join_all;
 
 use super::RedisStore;
-use super::keys::script_code;
+use super::keys::{KeyNames, script_code};
 use super::slots::Group;
-use crate::algorithm::{Algorithm, NANOS_PER_TICK};
+use crate::algorithm::NANOS_PER_TICK;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError, refused};
 
@@ -74,11 +74,7 @@ impl RedisStore {
             let mut k = 0;
             for &i in &group.checks {
                 let c = &checks[i];
-                let n = if c.algorithm == Algorithm::SlidingWindow {
-                    2
-                } else {
-                    1
-                };
+                let n = KeyNames::count(c.algorithm);
                 for key in &group.keys[k..k + n] {
                     inv.key(key);
                 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use redis::Value;
 
 use super::RedisStore;
-use super::keys::{Slot, key_names, slot_of, unescape};
+use super::keys::{KeyNames, Slot, slot_of, unescape};
 use super::per_second::is_per_second;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};
@@ -28,8 +28,7 @@ impl RedisStore {
         let mut names = Vec::with_capacity(here.len());
         for check in &here {
             let window = check.quota.window_at(now).index;
-            let (both, n) = key_names(&self.inner.options.prefix, &check.key, window);
-            names.extend(both.into_iter().take(n));
+            names.extend(KeyNames::of(&self.inner.options.prefix, &check.key, window).into_names());
         }
         deleted += self.delete_names(&names).await?;
         let here: Vec<Check> = here.into_iter().cloned().collect();

@@ -28,8 +28,12 @@ pub(super) struct ScriptCheck {
     /// `b'f'`, `b's'` or `b't'` (`script_code`).
     pub(super) code: u8,
     pub(super) limit: u32,
-    pub(super) a: u64,
-    pub(super) b: u64,
+    /// The window's start (µs) for the windows; the period (µs) for the
+    /// token bucket.
+    pub(super) start_or_period: u64,
+    /// The window's end (µs) for the windows; the burst for the token
+    /// bucket.
+    pub(super) end_or_burst: u64,
     pub(super) cost: u64,
     pub(super) charge: u64,
     /// `b'1'`, `b'0'`, `b'q'` or `b'Q'` (see `batch.lua`).
@@ -187,8 +191,8 @@ impl RedisStore {
                     .uint(key)
                     .uint(previous)
                     .uint(u64::from(c.limit))
-                    .uint(c.a)
-                    .uint(c.b)
+                    .uint(c.start_or_period)
+                    .uint(c.end_or_burst)
                     .uint(c.cost)
                     .uint(c.charge)
                     .uint(u64::from(c.enforce));

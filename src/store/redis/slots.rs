@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::keys::{self, Slot, key_names, script_code};
+use super::keys::{self, KeyNames, Slot, script_code};
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
@@ -52,9 +52,9 @@ impl RedisStore {
         let mut names_of: SmallVec<[SmallVec<[String; 4]>; 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
             let window = check.quota.window_at(now);
-            let (names, n) = key_names(&self.inner.options.prefix, &check.key, window.index);
+            let names = KeyNames::of(&self.inner.options.prefix, &check.key, window.index);
             let slot = if cluster {
-                keys::slot_of(names[0].as_bytes())
+                keys::slot_of(names.first().as_bytes())
             } else {
                 0
             };
@@ -76,7 +76,7 @@ impl RedisStore {
             };
             groups[g].1.checks.push(i);
             groups[g].1.windows.push(window);
-            names_of[g].extend(names.into_iter().take(n));
+            names_of[g].extend(names.into_names());
         }
         for ((_, group), names) in groups.iter_mut().zip(names_of) {
             group.keys = names.into_iter().collect();
@@ -152,7 +152,7 @@ impl RedisStore {
     pub(super) fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
         let args = group.checks.iter().zip(&group.windows).map(|(&i, window)| {
             let c = &checks[i];
-            let (a, b) = match c.algorithm {
+            let (start_or_period, end_or_burst) = match c.algorithm {
                 Algorithm::TokenBucket => (
                     (c.quota.period / NANOS_PER_TICK).max(1),
                     u64::from(c.quota.burst.max(1)),
@@ -169,8 +169,8 @@ impl RedisStore {
             ScriptCheck {
                 code: script_code(c.algorithm).as_bytes()[0],
                 limit: c.quota.limit,
-                a,
-                b,
+                start_or_period,
+                end_or_burst,
                 cost: hits.cost,
                 charge: hits.charge,
                 enforce,
