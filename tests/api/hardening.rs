@@ -549,12 +549,6 @@ async fn admin_listeners_share_their_bound_and_its_idle_connections() {
     server.stop().await.expect("stops");
 }
 
-fn metrics(server: &Tollgate) -> String {
-    http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body
-}
-
 #[tokio::test]
 async fn metric_label_sets_from_requests_are_capped_and_cut() {
     let server = Tollgate::start(
@@ -573,7 +567,7 @@ async fn metric_label_sets_from_requests_are_capped_and_cut() {
     let long = "y".repeat(1000);
     ask(&mut client, request("gw", &[&[("detail", &long)]])).await;
     ask(&mut client, request("gw", &[&[("ip", "10.0.0.1")]])).await;
-    let body = metrics(&server);
+    let body = server.metrics();
     let series: Vec<&str> = body
         .lines()
         .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
@@ -787,7 +781,7 @@ async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
         assert!(f.await.expect("flood task") > 0);
     }
     assert_eq!(admitted, 3, "the limit held through the flood");
-    let body = metrics(&server);
+    let body = server.metrics();
     assert!(
         body.contains("tollgate_store_circuit_open_total 0"),
         "the circuit never opened"

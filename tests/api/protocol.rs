@@ -194,10 +194,9 @@ fn protocol_refusals_are_counted_and_logged_at_warn_once_per_interval() {
     );
     assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 20);
     let line = "refused at the HTTP/2 protocol level";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while server.log_count(line) == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::common::wait_until("the summary line", Duration::from_secs(5), || {
+        server.log_count(line) > 0
+    });
     assert_eq!(server.log_count(line), 1, "one summary line, at warn");
     assert_eq!(server.log_count("refused=20"), 1);
     assert_eq!(server.log_count("missing method"), 1, "with the reason");

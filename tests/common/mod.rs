@@ -154,15 +154,18 @@ impl Tollgate {
         self.child.id()
     }
 
-    /// An unlabelled counter or gauge from the admin port's `/metrics`.
-    pub fn metric(&self, name: &str) -> u64 {
-        let body = envoy::http(self.admin, "GET", "/metrics", &[])
+    /// The admin port's `/metrics`.
+    pub fn metrics(&self) -> String {
+        envoy::http(self.admin, "GET", "/metrics", &[])
             .expect("metrics")
-            .body;
-        body.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+            .body
+    }
+
+    /// One sample of the admin port's `/metrics` (see [`sample`]); fails
+    /// the test when it is absent.
+    pub fn metric(&self, series: &str) -> u64 {
+        let body = self.metrics();
+        sample(&body, series).unwrap_or_else(|| panic!("{series} not in /metrics:\n{body}")) as u64
     }
 }
 
@@ -248,6 +251,15 @@ pub async fn eventually(within: Duration, mut done: impl AsyncFnMut() -> bool) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// The one metric reader: the sample of `series` (a name with its labels
+/// as `/metrics` writes them: `name` or `name{a="b"}`) in a `/metrics`
+/// body; `None` when absent.
+pub fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The sum of a family's samples (`name value` and `name{...} value`

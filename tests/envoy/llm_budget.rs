@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::Tollgate;
 use crate::common::envoy::{Envoy, http};
@@ -104,34 +104,24 @@ fn egress(tollgate_port: u16, model: SocketAddr) -> Egress {
 
 /// Tokens charged so far to one of the budget's limits (Tollgate's metrics).
 fn charged(tollgate: &Tollgate, limit: &str) -> u64 {
-    let metrics = http(tollgate.admin, "GET", "/metrics", &[]).expect("metrics");
     let series = format!(
-        "ratelimit_service_rate_limit_within_limit{{domain=\"llm\",key1=\"api_key\",limit=\"{limit}\"}} "
+        "ratelimit_service_rate_limit_within_limit{{domain=\"llm\",key1=\"api_key\",limit=\"{limit}\"}}"
     );
-    metrics
-        .body
-        .lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    crate::common::sample(&tollgate.metrics(), &series).map_or(0, |v| v as u64)
 }
 
 /// Waits until the stream-end charge has reached Tollgate: Envoy sends it
 /// after the response, so the client may see the response first.
 fn wait_for_charge(tollgate: &Tollgate, total: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = charged(tollgate, "tokens_per_minute");
-        if now == total {
-            return;
-        }
-        assert!(now < total, "charged {now}, more than the {total} sent");
-        assert!(
-            Instant::now() < deadline,
-            "charged {now} of {total} after 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::wait_until(
+        &format!("{total} tokens charged"),
+        Duration::from_secs(10),
+        || {
+            let now = charged(tollgate, "tokens_per_minute");
+            assert!(now <= total, "charged {now}, more than the {total} sent");
+            now == total
+        },
+    );
 }
 
 fn call(g: &Egress, key: &str, tokens: Option<u64>) -> crate::common::envoy::Response {

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::tls::{Pki, client_config, tls_call};
 use crate::common::{Tollgate, request};
@@ -117,11 +117,9 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
     assert_eq!(curl(server.admin, &pki.pem("ca2"), None), 0);
     // A half-written key is not loaded: the certificate in force stays.
     std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nnot a key\n").expect("write");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.log_count("TLS files not reloaded") == 0 {
-        assert!(Instant::now() < deadline, "the bad key was never looked at");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::common::wait_until("the bad key looked at", Duration::from_secs(10), || {
+        server.log_count("TLS files not reloaded") > 0
+    });
     assert_eq!(
         curl(server.admin, &pki.pem("ca"), None),
         200,
@@ -129,14 +127,11 @@ async fn a_renewed_certificate_is_used_without_a_restart() {
     );
     std::fs::copy(pki.key("renewed"), &key).expect("copy");
     std::fs::copy(pki.pem("renewed"), &cert).expect("copy");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while curl(server.admin, &pki.pem("ca2"), None) != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "the renewed certificate was not picked up"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    crate::common::wait_until(
+        "the renewed certificate picked up",
+        Duration::from_secs(10),
+        || curl(server.admin, &pki.pem("ca2"), None) == 200,
+    );
     let served = tls_call(server.addr, client_config(&pki, "ca2", None))
         .await
         .expect("gRPC serves the renewed certificate");

@@ -5,7 +5,7 @@
 #![allow(clippy::expect_used)]
 #![allow(missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::envoy::http;
 use crate::common::{Tollgate, ask, request};
@@ -14,11 +14,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 const LIVE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
 const CANDIDATE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}\n";
 
-fn metric(body: &str, line_start: &str) -> u64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(line_start))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{line_start} not in /metrics:\n{body}"))
+fn metric(body: &str, series: &str) -> u64 {
+    crate::common::sample(body, series)
+        .unwrap_or_else(|| panic!("{series} not in /metrics:\n{body}")) as u64
 }
 
 #[tokio::test]
@@ -36,34 +34,29 @@ async fn candidate_rules_count_what_they_would_refuse_and_never_answer() {
         let code = ask(&mut client, request("api", &[&[("user", "ann")]])).await;
         assert_eq!(code.overall_code, Code::Ok as i32, "the live rules answer");
     }
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
+    let body = server.metrics();
     assert_eq!(
         metric(
             &body,
-            "tollgate_candidate_requests_total{rule=\"api.user\"} "
+            "tollgate_candidate_requests_total{rule=\"api.user\"}"
         ),
         5
     );
     assert_eq!(
+        metric(&body, "tollgate_candidate_refused_total{rule=\"api.user\"}"),
+        3
+    );
+    assert_eq!(
         metric(
             &body,
-            "tollgate_candidate_refused_total{rule=\"api.user\"} "
+            "tollgate_candidate_decisions_total{outcome=\"stricter\"}"
         ),
         3
     );
     assert_eq!(
         metric(
             &body,
-            "tollgate_candidate_decisions_total{outcome=\"stricter\"} "
-        ),
-        3
-    );
-    assert_eq!(
-        metric(
-            &body,
-            "tollgate_candidate_decisions_total{outcome=\"same\"} "
+            "tollgate_candidate_decisions_total{outcome=\"same\"}"
         ),
         2
     );
@@ -90,42 +83,35 @@ async fn candidate_rules_count_what_they_would_refuse_and_never_answer() {
         CANDIDATE.replace("requests_per_unit: 2", "requests_per_unit: 50"),
     )
     .expect("write");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.log_count("rules reloaded") == reloads {
-        assert!(
-            Instant::now() < deadline,
-            "the candidate rules were not reloaded"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        crate::common::eventually(Duration::from_secs(10), async || server
+            .log_count("rules reloaded")
+            != reloads)
+        .await,
+        "the candidate rules were not reloaded"
+    );
     let _ = ask(&mut client, request("api", &[&[("user", "ann")]])).await;
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
+    let body = server.metrics();
     assert_eq!(
-        metric(
-            &body,
-            "tollgate_candidate_refused_total{rule=\"api.user\"} "
-        ),
+        metric(&body, "tollgate_candidate_refused_total{rule=\"api.user\"}"),
         3
     );
     assert_eq!(
         metric(
             &body,
-            "tollgate_candidate_requests_total{rule=\"api.user\"} "
+            "tollgate_candidate_requests_total{rule=\"api.user\"}"
         ),
         6
     );
     // A bad candidate file keeps the candidate rules in force and says why.
     std::fs::write(&candidate, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").expect("write");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.log_count("rules not reloaded") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the bad candidate file was not reported"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        crate::common::eventually(Duration::from_secs(10), async || server
+            .log_count("rules not reloaded")
+            > 0)
+        .await,
+        "the bad candidate file was not reported"
+    );
     assert!(server.log_count("candidate.yaml") > 0);
 }
 

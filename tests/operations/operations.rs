@@ -33,10 +33,7 @@ async fn remaining(server: &Tollgate, key: &str, value: &str) -> Option<u32> {
 }
 
 fn metric(server: &Tollgate, name: &str) -> f64 {
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
-    metric_sum(&body, name)
+    metric_sum(&server.metrics(), name)
 }
 
 fn write_atomically(path: &Path, text: &str) {
@@ -428,9 +425,7 @@ async fn every_metric_in_the_readme_and_the_dashboard_appears_after_traffic() {
             .should_rate_limit(request("ops", &[&[("user", "n")]]))
             .await;
     }
-    let body = http(server.admin, "GET", "/metrics", &[])
-        .expect("metrics")
-        .body;
+    let body = server.metrics();
     let names = documented_metrics();
     assert!(
         names.len() >= 15,

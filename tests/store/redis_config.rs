@@ -37,11 +37,9 @@ fn redis(port: u16, args: &[&str], dir: &std::path::Path) -> Redis {
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server is needed by this test (Debian: apt-get install redis-server)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::wait_until("redis-server started", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     Redis(child)
 }
 
@@ -259,11 +257,9 @@ async fn a_unix_socket_from_the_references_variables() {
         .spawn()
         .expect("redis-server is needed by this test (Debian: apt-get install redis-server)");
     let _redis = Redis(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::wait_until("redis-server started", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
     let server = Tollgate::start_with_env(
         RULES,
         &["--redis-timeout", "2s"],

@@ -415,11 +415,9 @@ async fn tls_and_a_password_through_a_rediss_url() {
     // Redis's certificate is from a private CA, given with --redis-tls-ca;
     // the password has characters that must be escaped in a URL.
     let url = format!("rediss://:s3cret@127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "TLS Redis did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::wait_until("TLS Redis started", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     let ca = pki.path("ca");
     let mut args = redis_args(&url, "2s");
     args.extend(["--redis-tls-ca", ca.as_str()]);
