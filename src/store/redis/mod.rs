@@ -53,29 +53,12 @@ use options::config_error;
 pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
 pub use quota::{QuotaExchange, QuotaTotals};
-use script::Lua;
-
-const ALGORITHMS: &str = concat!(
-    "local ALGORITHMS = {}\n",
-    include_str!("fixed_window.lua"),
-    include_str!("sliding_window.lua"),
-    include_str!("token_bucket.lua"),
-);
-
-/// The script sent to Redis: the three algorithms, then the batch driver.
-fn batch_script() -> Lua {
-    Lua::new(format!("{ALGORITHMS}{}", include_str!("batch.lua")))
-}
+use script::Scripts;
 
 struct Inner {
     id: usize,
     options: RedisOptions,
-    batch: Lua,
-    refund: Lua,
-    cancel: Lua,
-    reset: Lua,
-    views: Lua,
-    quota: Lua,
+    scripts: Scripts,
     breaker: Breaker,
     /// Confirming PINGs and cancellations, for `/metrics`.
     events: Arc<Events>,
@@ -176,12 +159,7 @@ impl RedisStore {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 over_limit: options.over_limit_cache.then(OverLimitCache::default),
                 options,
-                batch: batch_script(),
-                refund: Lua::new(include_str!("refund.lua").to_owned()),
-                cancel: Lua::new(include_str!("cancel.lua").to_owned()),
-                reset: Lua::new(include_str!("reset.lua").to_owned()),
-                views: Lua::new(include_str!("views.lua").to_owned()),
-                quota: Lua::new(include_str!("quota.lua").to_owned()),
+                scripts: Scripts::default(),
                 breaker: Breaker::default(),
                 events: Arc::default(),
                 cluster,

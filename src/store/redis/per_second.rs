@@ -85,7 +85,7 @@ impl RedisStore {
             .iter()
             .filter(|c| c.outcome.is_some_and(|o| o.allowed) && c.charge() > 0)
             .map(|check| {
-                let mut invocation = self.inner.refund.prepare_invoke();
+                let mut invocation = self.inner.scripts.refund.prepare_invoke();
                 let window = check.quota.window_at(now);
                 for name in
                     KeyNames::of(&self.inner.options.prefix, &check.key, window.index).iter()

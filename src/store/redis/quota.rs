@@ -145,7 +145,7 @@ impl RedisStore {
             return Ok(Vec::new());
         };
         let now_us = first.now / NANOS_PER_TICK;
-        let mut invocation = self.inner.quota.prepare_invoke();
+        let mut invocation = self.inner.scripts.quota.prepare_invoke();
         for &i in members {
             invocation.key(&keys[i][0]).key(&keys[i][1]);
         }

@@ -70,7 +70,7 @@ impl RedisStore {
         groups: impl Iterator<Item = &'g (Slot, Group)>,
     ) -> Result<(), StoreError> {
         let refunds = groups.map(|(slot, group)| {
-            let mut inv = self.inner.refund.prepare_invoke();
+            let mut inv = self.inner.scripts.refund.prepare_invoke();
             let mut k = 0;
             for &i in &group.checks {
                 let c = &checks[i];

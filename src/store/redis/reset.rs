@@ -141,7 +141,7 @@ impl RedisStore {
         let mut deleted = 0;
         for (slot, names) in by_slot {
             for batch in names.chunks(DELETE_BATCH) {
-                let mut inv = self.inner.reset.prepare_invoke();
+                let mut inv = self.inner.scripts.reset.prepare_invoke();
                 for name in batch {
                     inv.key(name.as_str());
                 }

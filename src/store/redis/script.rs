@@ -46,6 +46,45 @@ const FIELDS: usize = 9;
 /// Per check: allowed, remaining, wait (µs).
 pub(super) type Rows = Vec<(bool, u32, u64)>;
 
+const ALGORITHMS: &str = concat!(
+    "local ALGORITHMS = {}\n",
+    include_str!("fixed_window.lua"),
+    include_str!("sliding_window.lua"),
+    include_str!("token_bucket.lua"),
+);
+
+/// Every script the store sends, each a `.lua` file beside this one.
+pub(super) struct Scripts {
+    /// Decides the checks of one call's parts (the three algorithms, then
+    /// the batch driver, `batch.lua`).
+    pub(super) batch: Lua,
+    /// Gives back what checks spent (`refund.lua`).
+    pub(super) refund: Lua,
+    /// Takes back a call that ran late, by its receipt (`cancel.lua`).
+    pub(super) cancel: Lua,
+    /// Deletes counters (`reset.lua`).
+    pub(super) reset: Lua,
+    /// Publishes and reads the instances' views of who is limited
+    /// (`views.lua`).
+    pub(super) views: Lua,
+    /// The quota service's totals exchange (`quota.lua`).
+    pub(super) quota: Lua,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        let lua = |source: &str| Lua::new(source.to_owned());
+        Self {
+            batch: Lua::new(format!("{ALGORITHMS}{}", include_str!("batch.lua"))),
+            refund: lua(include_str!("refund.lua")),
+            cancel: lua(include_str!("cancel.lua")),
+            reset: lua(include_str!("reset.lua")),
+            views: lua(include_str!("views.lua")),
+            quota: lua(include_str!("quota.lua")),
+        }
+    }
+}
+
 /// A Lua script: its SHA1 for `EVALSHA`, and its source for `EVAL` when
 /// Redis does not have it (a restart, a failover, a node new to a slot).
 pub(super) struct Lua {
@@ -162,7 +201,7 @@ impl RedisStore {
         parts: &[&'a Part],
         until: tokio::time::Instant,
     ) -> Result<Value, StoreError> {
-        let mut inv = self.inner.batch.prepare_invoke();
+        let mut inv = self.inner.scripts.batch.prepare_invoke();
         let numbers = 1 + parts
             .iter()
             .map(|p| 2 + p.checks.len() * FIELDS)
@@ -267,7 +306,7 @@ impl RedisStore {
         let ttl = self.receipt_ttl();
         let cancelling = self.inner.events.cancelling();
         tokio::spawn(async move {
-            let mut cancel = store.inner.cancel.prepare_invoke();
+            let mut cancel = store.inner.scripts.cancel.prepare_invoke();
             for key in &keys {
                 cancel.key(key.as_slice());
             }

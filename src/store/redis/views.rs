@@ -21,7 +21,7 @@ impl RedisStore {
         keep: std::time::Duration,
     ) -> Result<(), StoreError> {
         let key = self.views_key();
-        let mut inv = self.inner.views.prepare_invoke();
+        let mut inv = self.inner.scripts.views.prepare_invoke();
         inv.key(key.as_str())
             .arg("put")
             .arg(instance)
@@ -35,7 +35,7 @@ impl RedisStore {
     /// Every instance's stored view: `(instance, JSON)`.
     pub(crate) async fn views(&self) -> Result<Vec<(String, String)>, StoreError> {
         let key = self.views_key();
-        let mut inv = self.inner.views.prepare_invoke();
+        let mut inv = self.inner.scripts.views.prepare_invoke();
         inv.key(key.as_str()).arg("get");
         let reply = self
             .bounded(self.invoke(slot_of(key.as_bytes()), &inv))
