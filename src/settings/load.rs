@@ -199,19 +199,29 @@ fn boolish(value: &str) -> Option<bool> {
     }
 }
 
+/// `serve`'s settings from `argv` (`argv[0]` included) and `env`, or the
+/// line start-up would print; for tests.
+#[cfg(test)]
+pub(super) fn serve_args<'a>(
+    argv: impl IntoIterator<Item = &'a str>,
+    env: &[(&str, &str)],
+) -> Result<super::ServeArgs, String> {
+    match load(argv, &Env::from_pairs(env.iter().copied())) {
+        Ok(Cli {
+            command: Command::Serve(args),
+        }) => Ok(*args),
+        Ok(_) => Err("not serve".into()),
+        Err(LoadError::Refused(e)) => Err(e),
+        Err(LoadError::Usage(e)) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn serve(argv: &[&str], env: &[(&str, &str)]) -> Result<super::super::ServeArgs, String> {
-        match load(argv.iter().copied(), &Env::from_pairs(env.iter().copied())) {
-            Ok(Cli {
-                command: Command::Serve(args),
-            }) => Ok(*args),
-            Ok(_) => Err("not serve".into()),
-            Err(LoadError::Refused(e)) => Err(e),
-            Err(LoadError::Usage(e)) => Err(e.to_string()),
-        }
+        serve_args(argv.iter().copied(), env)
     }
 
     #[test]

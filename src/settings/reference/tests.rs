@@ -112,16 +112,8 @@ fn refused_values_are_named_with_their_reason_and_harmless_ones_pass() {
 
 /// `tollgate serve ARGV` with these variables, as start-up reads them.
 fn serve(argv: &[&str], env: &[(&str, &str)]) -> Result<ServeArgs, String> {
-    use crate::settings::{Cli, Command, Env, LoadError, load};
     let argv = ["tollgate", "serve"].iter().chain(argv).copied();
-    match load(argv, &Env::from_pairs(env.iter().copied())) {
-        Ok(Cli {
-            command: Command::Serve(args),
-        }) => Ok(*args),
-        Ok(_) => Err("not serve".into()),
-        Err(LoadError::Refused(e)) => Err(e),
-        Err(LoadError::Usage(e)) => Err(e.to_string()),
-    }
+    crate::settings::load::serve_args(argv, env)
 }
 
 #[test]
