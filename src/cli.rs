@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use crate::rules::{load_paths, restarted_counters};
-use crate::settings::{CheckArgs, Command, Env, LoadError, LogFormat, ServeArgs, load};
+use crate::settings::{CheckArgs, Command, Env, LoadError, ServeArgs, load};
 
 /// The `tollgate` binary: `argv` and `env` are the process's.
 pub fn main<T: Into<OsString>>(argv: impl IntoIterator<Item = T>, env: &Env) -> ExitCode {
@@ -50,7 +50,7 @@ pub fn main<T: Into<OsString>>(argv: impl IntoIterator<Item = T>, env: &Env) -> 
 }
 
 fn serve(args: &ServeArgs) -> ExitCode {
-    if let Err(e) = crate::logging::init(&args.log_level, args.log_format == LogFormat::Json) {
+    if let Err(e) = crate::logging::init(&args.log_level, args.log_json()) {
         eprintln!("tollgate: {e}; not starting");
         return ExitCode::FAILURE;
     }

@@ -43,6 +43,10 @@ pub(crate) struct Access {
     pub reset_ceiling: usize,
 }
 
+/// The most counters one bulk reset may clear unless configured
+/// (`--admin-reset-max-keys`'s default).
+pub(crate) const RESET_MAX_KEYS: usize = 1_000_000;
+
 impl Access {
     /// The rules, with no request refused yet.
     pub(crate) fn new(hosts: Vec<String>, json: bool) -> Self {
@@ -52,7 +56,7 @@ impl Access {
             refused: std::sync::atomic::AtomicU64::new(0),
             tokens: None,
             reads_need_token: false,
-            reset_ceiling: 1_000_000,
+            reset_ceiling: RESET_MAX_KEYS,
         }
     }
 

@@ -26,7 +26,7 @@ mod json;
 mod limited;
 mod ui;
 
-pub(crate) use guard::{Access, read_tokens};
+pub(crate) use guard::{Access, RESET_MAX_KEYS, read_tokens};
 pub use json::request_from_json;
 
 use std::sync::Arc;

@@ -29,22 +29,29 @@ impl Compiled {
         &self.rules
     }
 
-    /// `rule`'s counters in `metrics` (labelled from its path; the handles
-    /// outlive reloads, the registry keeps them by label set).
-    pub(super) fn stats(&self, rule: &Rule, metrics: &Metrics) -> Arc<LimitStats> {
-        let labels = || {
-            crate::metrics::rule_labels(
-                &rule.domain,
-                rule.levels.iter().map(AsRef::as_ref),
-                rule.limit_label.as_deref(),
-            )
-        };
-        match self.stats.get(rule.index) {
-            Some(slot) => slot.get_or_init(|| metrics.limit(&labels())).clone(),
-            // A rule of another set (not planned from this one).
-            None => metrics.limit(&labels()),
+    /// `rule`'s counters in `metrics`, labelled from its path (the handles
+    /// outlive reloads: the registry keeps them by label set); `None` for a
+    /// rule whose metrics carry request values (`detailed_metric`,
+    /// `value_to_metric`), which are found per request.
+    pub(super) fn stats(&self, rule: &Rule, metrics: &Metrics) -> Option<Arc<LimitStats>> {
+        if rule.detailed_metric || rule.value_to_metric {
+            return None;
         }
+        Some(match self.stats.get(rule.index) {
+            Some(slot) => slot.get_or_init(|| metrics.limit(&labels(rule))).clone(),
+            // A rule of another set (not planned from this one).
+            None => metrics.limit(&labels(rule)),
+        })
     }
+}
+
+/// A rule's metric labels, from its path and limit name.
+pub(super) fn labels(rule: &Rule) -> String {
+    crate::metrics::rule_labels(
+        &rule.domain,
+        rule.levels.iter().map(AsRef::as_ref),
+        rule.limit_label.as_deref(),
+    )
 }
 
 #[cfg(test)]
@@ -71,11 +78,9 @@ descriptors:
         let metrics = Metrics::new(100, 128);
         let compiled = Compiled::new(rules.clone());
         for rule in rules.rules() {
-            let first = compiled.stats(rule, &metrics);
-            assert!(
-                Arc::ptr_eq(&first, &compiled.stats(rule, &metrics)),
-                "found once"
-            );
+            let first = compiled.stats(rule, &metrics).expect("from its path");
+            let again = compiled.stats(rule, &metrics).expect("from its path");
+            assert!(Arc::ptr_eq(&first, &again), "found once");
         }
         let text = metrics.render();
         for labels in [

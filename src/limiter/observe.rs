@@ -114,11 +114,7 @@ impl Limiter {
         match &plan.rule {
             Some(rule) if rule.detailed_metric || rule.value_to_metric => detailed(true),
             // Planned without its snapshot's handle: found by its labels.
-            Some(rule) => self.metrics.limit(&crate::metrics::rule_labels(
-                &rule.domain,
-                rule.levels.iter().map(AsRef::as_ref),
-                rule.limit_label.as_deref(),
-            )),
+            Some(rule) => self.metrics.limit(&super::compiled::labels(rule)),
             // A limit sent in the request: labelled by its keys only.
             None => detailed(false),
         }

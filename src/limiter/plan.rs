@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use super::validate::{drop_replaced, validate};
 use super::{LimitError, Limiter, Planned, Request};
+use crate::metrics::LimitStats;
 use crate::rules::{Limit, Rule};
 use crate::store::{Check, CounterKey};
 
@@ -36,7 +37,7 @@ impl Limiter {
                     Limit::per_unit(o.requests_per_unit, o.unit, self.options.default_algorithm);
                 self.plan_limit(
                     (request, d),
-                    (None, limit, false),
+                    (None, limit, false, None),
                     &[],
                     hits_default,
                     (planned, checks),
@@ -53,20 +54,15 @@ impl Limiter {
                     unlimited.push(d);
                     continue;
                 };
-                let len = planned.len();
+                // Its counters from the snapshot it is planned from.
+                let stats = rules.stats(rule, &self.metrics);
                 self.plan_limit(
                     (request, d),
-                    (Some(rule.clone()), limit, rule.shadow_mode),
+                    (Some(rule.clone()), limit, rule.shadow_mode, stats),
                     &matched.shared,
                     hits_default,
                     (planned, checks),
                 );
-                // Labelled from its path: its counters from this snapshot.
-                if !(rule.detailed_metric || rule.value_to_metric)
-                    && let Some(p) = planned.get_mut(len)
-                {
-                    p.stats = Some(rules.stats(rule, &self.metrics));
-                }
             }
             let max = self.options.bounds.checks;
             if checks.len() > max {
@@ -84,7 +80,7 @@ impl Limiter {
     fn plan_limit(
         &self,
         (request, d): (&Request<'_>, usize),
-        (rule, limit, shadow): (Option<Arc<Rule>>, Limit, bool),
+        (rule, limit, shadow, stats): (Option<Arc<Rule>>, Limit, bool, Option<Arc<LimitStats>>),
         shared: &[(usize, &str)],
         hits_default: u64,
         (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
@@ -121,7 +117,7 @@ impl Limiter {
             rule,
             limit,
             shadow,
-            stats: None,
+            stats,
         });
     }
 }

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::limiter::Limiter;
-use crate::settings::{Command, Env, LoadError, StoreKind, load};
+use crate::settings::{Command, Env, StoreKind, load};
 
 /// A running in-process Tollgate; stopped (and awaited) by [`InProcess::stop`].
 #[derive(Debug)]
@@ -55,10 +55,7 @@ impl InProcess {
             }
         }
         argv.extend_from_slice(args);
-        let cli = load(argv, &Env::from_pairs(env.iter().copied())).map_err(|e| match e {
-            LoadError::Usage(e) => e.to_string(),
-            LoadError::Refused(line) => line,
-        })?;
+        let cli = load(argv, &Env::from_pairs(env.iter().copied())).map_err(|e| e.to_string())?;
         let Command::Serve(serve_args) = cli.command else {
             return Err("not a serve command".into());
         };

@@ -62,16 +62,19 @@ pub(crate) fn prepare(
         )),
         interval: (args.watch_rules == OnOff::On).then_some(args.watch_interval),
     });
+    // This process's one name among the instances sharing the store.
+    let instance = instance_name();
     let quotas = Arc::new(Quotas::new(
         limiter.clone(),
         args.rlqs
-            .quota_options(args.max_entries, args.max_value_bytes, instance_name()),
+            .quota_options(args.max_entries, args.max_value_bytes, instance.clone()),
     ));
     let candidate = candidate_rules(args)?;
     let admin_access = admin_access(args)?;
-    let limited = args.limited.options().map(|options| {
-        Arc::new(crate::limited::Limited::new(options, clock).named(instance_name()))
-    });
+    let limited = args
+        .limited
+        .options()
+        .map(|options| Arc::new(crate::limited::Limited::new(options, clock).named(instance)));
     let serve = super::Serve {
         limiter,
         quotas,

@@ -71,7 +71,7 @@ pub(crate) struct LimitedArgs {
     /// The most counters one reset of a rule or a domain may clear, whatever
     /// its body's `max_keys` asks (the keys found are held while they are
     /// deleted).
-    #[arg(long = "admin-reset-max-keys", env = "TOLLGATE_ADMIN_RESET_MAX_KEYS", default_value_t = 1_000_000, value_parser = super::values::at_least_one)]
+    #[arg(long = "admin-reset-max-keys", env = "TOLLGATE_ADMIN_RESET_MAX_KEYS", default_value_t = crate::admin::RESET_MAX_KEYS, value_parser = super::values::at_least_one)]
     pub admin_reset_max_keys: usize,
 }
 

@@ -73,6 +73,16 @@ pub(crate) enum LoadError {
     Refused(String),
 }
 
+impl std::fmt::Display for LoadError {
+    /// What start-up prints.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Usage(e) => e.fmt(f),
+            Self::Refused(line) => f.write_str(line),
+        }
+    }
+}
+
 /// Reads the command line (`argv[0]` included: run as `ratelimit`, Tollgate
 /// is the reference's binary) and the environment into what to run: the
 /// `TOLLGATE_*` variables, an unknown one refused, and for `serve` the
@@ -211,8 +221,7 @@ pub(super) fn serve_args<'a>(
             command: Command::Serve(args),
         }) => Ok(*args),
         Ok(_) => Err("not serve".into()),
-        Err(LoadError::Refused(e)) => Err(e),
-        Err(LoadError::Usage(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
