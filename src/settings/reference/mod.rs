@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::{OnOff, ServeArgs};
 
 mod defaults;
+mod limiter;
 mod listen;
 mod redis;
 mod stats;

@@ -203,3 +203,43 @@ fn redis_scheme(
         (false, false) => "redis",
     })
 }
+
+/// `--redis-prefix` from `CACHE_KEY_PREFIX`.
+pub(super) fn redis_prefix(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(prefix) = vars.set("CACHE_KEY_PREFIX") {
+        vars.adopt(
+            &mut args.redis_prefix,
+            prefix,
+            "redis_prefix",
+            "CACHE_KEY_PREFIX",
+        )?;
+    }
+    Ok(())
+}
+
+/// `--redis-tls-ca` from `REDIS_TLS_CACERT`.
+pub(super) fn redis_tls_ca(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(ca) = vars.set("REDIS_TLS_CACERT") {
+        let ca = Some(PathBuf::from(ca));
+        vars.adopt(
+            &mut args.redis_tls_ca,
+            ca,
+            "redis_tls_ca",
+            "REDIS_TLS_CACERT",
+        )?;
+    }
+    Ok(())
+}
+
+/// `--redis-timeout` from `REDIS_TIMEOUT`.
+pub(super) fn redis_timeout(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
+    if let Some(timeout) = vars.duration("REDIS_TIMEOUT")? {
+        vars.adopt(
+            &mut args.redis_timeout,
+            timeout,
+            "redis_timeout",
+            "REDIS_TIMEOUT",
+        )?;
+    }
+    Ok(())
+}

@@ -5,10 +5,7 @@
 //! reason, or refused at start-up, by name, when it asks for something
 //! Tollgate does not do.
 
-use std::path::PathBuf;
-
-use super::{Apply, Vars, listen, on_off, redis, stats, xds};
-use crate::settings::ServeArgs;
+use super::{Apply, limiter, listen, redis, stats, xds};
 
 /// What Tollgate does with one reference variable.
 #[derive(Debug, Clone, Copy)]
@@ -288,13 +285,17 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "--over-limit-cache on when above 0",
-        over_limit_cache,
+        limiter::over_limit_cache,
     ),
-    honoured("NEAR_LIMIT_RATIO", "--near-limit-ratio", near_limit_ratio),
+    honoured(
+        "NEAR_LIMIT_RATIO",
+        "--near-limit-ratio",
+        limiter::near_limit_ratio,
+    ),
     honoured(
         "CACHE_KEY_PREFIX",
         "--redis-prefix (Tollgate's keys differ from the reference's all the same)",
-        redis_prefix,
+        redis::redis_prefix,
     ),
     honoured(
         "BACKEND_TYPE",
@@ -308,7 +309,7 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     honoured(
         "LIMIT_RESPONSE_HEADERS_ENABLED",
         "--response-headers",
-        response_headers,
+        limiter::response_headers,
     ),
     refused(
         "LIMIT_LIMIT_HEADER",
@@ -358,7 +359,7 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
         redis::client_tls,
     ),
     honoured("REDIS_TLS_CLIENT_KEY", "--redis-tls-key", redis::client_tls),
-    honoured("REDIS_TLS_CACERT", "--redis-tls-ca", redis_tls_ca),
+    honoured("REDIS_TLS_CACERT", "--redis-tls-ca", redis::redis_tls_ca),
     refused(
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         FALSE,
@@ -415,7 +416,7 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
         FALSE,
         "Tollgate stays ready while Redis is down and answers from failure modes; --on-store-error unavailable fails health instead",
     ),
-    honoured("REDIS_TIMEOUT", "--redis-timeout", redis_timeout),
+    honoured("REDIS_TIMEOUT", "--redis-timeout", redis::redis_timeout),
     no_effect(
         "REDIS_PERSECOND_TIMEOUT",
         "the per-second pool has the main pool's --redis-timeout",
@@ -443,14 +444,18 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
     no_effect("MEMCACHE_TLS_CLIENT_KEY", MEMCACHE),
     no_effect("MEMCACHE_TLS_CACERT", MEMCACHE),
     no_effect("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", MEMCACHE),
-    honoured("SHADOW_MODE", "--shadow-mode", shadow_mode),
-    honoured("QUOTA_MODE", "--quota-mode", quota_mode),
+    honoured("SHADOW_MODE", "--shadow-mode", limiter::shadow_mode),
+    honoured("QUOTA_MODE", "--quota-mode", limiter::quota_mode),
     refused(
         "RESPONSE_DYNAMIC_METADATA",
         FALSE,
         "descriptor metadata in the response's dynamic metadata is not supported by Tollgate yet",
     ),
-    honoured("MERGE_DOMAIN_CONFIG", "--merge-domains", merge_domains),
+    honoured(
+        "MERGE_DOMAIN_CONFIG",
+        "--merge-domains",
+        limiter::merge_domains,
+    ),
     honoured(
         "TRACING_ENABLED",
         "--tracing on: an OTLP span per ShouldRateLimit call (the endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)",
@@ -482,103 +487,6 @@ pub(crate) const REFERENCE_VARS: &[ReferenceVar] = &[
         stats::tracing,
     ),
 ];
-
-fn over_limit_cache(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(bytes) = vars.number::<u64>("LOCAL_CACHE_SIZE_IN_BYTES")? {
-        let on = on_off(bytes > 0);
-        vars.adopt(
-            &mut args.over_limit_cache,
-            on,
-            "over_limit_cache",
-            "LOCAL_CACHE_SIZE_IN_BYTES",
-        )?;
-    }
-    Ok(())
-}
-
-fn near_limit_ratio(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(ratio) = vars.number::<f64>("NEAR_LIMIT_RATIO")? {
-        vars.adopt(
-            &mut args.near_limit_ratio,
-            ratio,
-            "near_limit_ratio",
-            "NEAR_LIMIT_RATIO",
-        )?;
-    }
-    Ok(())
-}
-
-fn redis_prefix(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(prefix) = vars.set("CACHE_KEY_PREFIX") {
-        vars.adopt(
-            &mut args.redis_prefix,
-            prefix,
-            "redis_prefix",
-            "CACHE_KEY_PREFIX",
-        )?;
-    }
-    Ok(())
-}
-
-fn redis_tls_ca(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(ca) = vars.set("REDIS_TLS_CACERT") {
-        let ca = Some(PathBuf::from(ca));
-        vars.adopt(
-            &mut args.redis_tls_ca,
-            ca,
-            "redis_tls_ca",
-            "REDIS_TLS_CACERT",
-        )?;
-    }
-    Ok(())
-}
-
-fn redis_timeout(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(timeout) = vars.duration("REDIS_TIMEOUT")? {
-        vars.adopt(
-            &mut args.redis_timeout,
-            timeout,
-            "redis_timeout",
-            "REDIS_TIMEOUT",
-        )?;
-    }
-    Ok(())
-}
-
-fn response_headers(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(on) = vars.boolean("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        let on = on_off(on);
-        vars.adopt(
-            &mut args.response_headers,
-            on,
-            "response_headers",
-            "LIMIT_RESPONSE_HEADERS_ENABLED",
-        )?;
-    }
-    Ok(())
-}
-
-fn shadow_mode(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(on) = vars.boolean("SHADOW_MODE")? {
-        vars.adopt(&mut args.shadow_mode, on, "shadow_mode", "SHADOW_MODE")?;
-    }
-    Ok(())
-}
-
-fn quota_mode(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    if let Some(on) = vars.boolean("QUOTA_MODE")? {
-        vars.adopt(&mut args.quota_mode, on, "quota_mode", "QUOTA_MODE")?;
-    }
-    Ok(())
-}
-
-/// `MERGE_DOMAIN_CONFIG=true` turns `--merge-domains` on (it never
-/// contradicts the flag: both only merge). `check` and `simulate` read it
-/// too (`RuleLoadArgs::apply_reference_env`).
-fn merge_domains(args: &mut ServeArgs, vars: &Vars<'_>) -> Result<(), String> {
-    args.rule_load.apply_reference_env(&|name| vars.set(name));
-    Ok(())
-}
 
 /// Variables Envoy Gateway sets that the reference itself does not read
 /// (the tests check each is accepted and documented).
