@@ -37,6 +37,12 @@ pub enum StoreError {
         /// Whether a retry may succeed.
         transient: bool,
     },
+    /// A Redis Cluster hash slot is being migrated and a call's keys are
+    /// not all on one of its two nodes (Redis answered `TRYAGAIN`). The
+    /// Redis store decides such a call key by key instead; it never leaves
+    /// the store.
+    #[error("a Redis Cluster hash slot is being migrated")]
+    Migrating,
     /// The script answered something it never should.
     #[error("{0}")]
     Script(String),
@@ -49,7 +55,10 @@ impl StoreError {
     /// Whether retrying later may succeed (what the failure mode acts on).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Full { .. } | StoreError::Timeout(_) | StoreError::CircuitOpen => true,
+            StoreError::Full { .. }
+            | StoreError::Timeout(_)
+            | StoreError::CircuitOpen
+            | StoreError::Migrating => true,
             StoreError::Redis { transient, .. } => *transient,
             StoreError::Script(_) | StoreError::Config(_) => false,
         }

@@ -40,11 +40,17 @@ impl RedisServer {
     /// On a free port; another one when a parallel test took it between
     /// `free_port` and the server's bind (redis-server then exits).
     pub fn start() -> Self {
+        Self::on_a_free_port(false, &[])
+    }
+
+    /// Started on a free port, trying another when the one picked was taken
+    /// before redis-server could bind it.
+    fn on_a_free_port(cluster: bool, extra: &[&str]) -> Self {
         for _ in 0..4 {
             let mut server = Self::launch(
                 free_port(),
-                false,
-                &[],
+                cluster,
+                extra,
                 tempfile::tempdir().expect("tempdir"),
             );
             if server.up() {
@@ -348,14 +354,7 @@ impl RedisCluster {
     /// `nodes`), every node started with `extra` arguments.
     pub fn start_with(replicas: usize, extra: &[&str]) -> Self {
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| {
-                RedisServer::spawn(
-                    free_port(),
-                    true,
-                    extra,
-                    tempfile::tempdir().expect("tempdir"),
-                )
-            })
+            .map(|_| RedisServer::on_a_free_port(true, extra))
             .collect();
         require("redis-cli");
         let addrs: Vec<String> = nodes
@@ -491,4 +490,90 @@ pub fn outlive_not(pid: u32, marker: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
+}
+
+/// The Redis Cluster hash slot of `key` (CRC16/XMODEM of its hash tag, or
+/// of the whole key when it has none), computed here so that a test can
+/// pick many names in one slot without asking Redis for each.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+impl RedisCluster {
+    /// Moves `slot` from master `from` to master `to` as `redis-cli
+    /// --cluster reshard` does, by hand so that a test controls its pace:
+    /// IMPORTING on the target, MIGRATING on the source, `MIGRATE` of
+    /// `batch` keys at a time until the source has none, then the slot
+    /// given to the target on every master. Returns how many keys moved.
+    pub fn migrate_slot(&self, slot: u16, from: usize, to: usize, batch: usize) -> usize {
+        let connect = |n: usize| {
+            redis::Client::open(self.nodes[n].url())
+                .and_then(|c| c.get_connection())
+                .expect("a connection to a Cluster node")
+        };
+        let id = |n: usize| self.nodes[n].cli(&["CLUSTER", "MYID"]).trim().to_owned();
+        let (from_id, to_id) = (id(from), id(to));
+        let (mut source, mut target) = (connect(from), connect(to));
+        let setslot = |conn: &mut redis::Connection, state: &str, node: &str| {
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(node)
+                .query::<()>(conn)
+                .expect("CLUSTER SETSLOT");
+        };
+        setslot(&mut target, "IMPORTING", &from_id);
+        setslot(&mut source, "MIGRATING", &to_id);
+        let mut moved = 0;
+        loop {
+            let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(batch)
+                .query(&mut source)
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            moved += keys.len();
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.nodes[to].port)
+                .arg("")
+                .arg(0)
+                .arg(5_000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query::<()>(&mut source)
+                .expect("MIGRATE");
+        }
+        // The target first, then the source, then the others (as the
+        // Redis Cluster specification orders it).
+        setslot(&mut target, "NODE", &to_id);
+        setslot(&mut source, "NODE", &to_id);
+        for n in (0..3).filter(|&n| n != from && n != to) {
+            setslot(&mut connect(n), "NODE", &to_id);
+        }
+        moved
+    }
 }

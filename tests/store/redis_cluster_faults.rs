@@ -378,3 +378,145 @@ async fn a_request_refused_because_one_of_its_slots_failed_spends_nothing_in_the
         "the stopped master's late calls spent nothing"
     );
 }
+
+/// A slot of 100,000 keys migrated live, 100 keys per `MIGRATE` (about the
+/// pace of `redis-cli --cluster reshard`), while requests for descriptors
+/// in that slot keep coming: fixed and sliding windows by the hour (their
+/// counts checked after), and sliding windows by the second (a new window
+/// every second, whose previous window may be on either node). Half the
+/// names are asked first during the migration, so their keys are new on a
+/// migrating slot. Every answer must come from Redis, and every admitted
+/// hit must be counted once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
+    use crate::common::redis::slot_of;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start();
+    let rules = "domain: m\ndescriptors:\n  - key: f\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: sliding_window}\n  - key: r\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: sliding_window}\n";
+    let urls = cluster.urls();
+    let server = Tollgate::start(
+        rules,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--failure-mode",
+            "deny",
+        ],
+    );
+    let tag = |kind: &str, name: &str| format!("{{m|{kind}={name}}}");
+    let slot = slot_of(&tag("f", "u0"));
+    // Eight names per kind in that slot: four asked from the start, four
+    // first asked once the migration runs.
+    let names = |kind: &str| -> Vec<String> {
+        (0..)
+            .map(|i| format!("u{i}"))
+            .filter(|n| slot_of(&tag(kind, n)) == slot)
+            .take(8)
+            .collect()
+    };
+    let all: Vec<(&str, String)> = ["f", "s", "r"]
+        .iter()
+        .flat_map(|&k| names(k).into_iter().map(move |n| (k, n)))
+        .collect();
+    let from = cluster.master_of(&tag("f", "u0"));
+    let to = (from + 1) % 3;
+    let filled = cluster.nodes[from].cli(&[
+        "DEBUG",
+        "POPULATE",
+        "100000",
+        &format!("{}:fill", tag("f", "u0")),
+    ]);
+    assert_eq!(filled.trim(), "OK");
+
+    let migrating = std::sync::Arc::new(AtomicBool::new(false));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let during = std::sync::Arc::new(AtomicU64::new(0));
+    let mut streams = Vec::new();
+    for s in 0..6 {
+        let mut client = server.client().await;
+        let (all, migrating, stop, during) =
+            (all.clone(), migrating.clone(), stop.clone(), during.clone());
+        streams.push(tokio::spawn(async move {
+            // Per kind: admitted, refused.
+            let mut tally: std::collections::HashMap<&str, (u64, u64)> = Default::default();
+            let mut i = s;
+            while !stop.load(Ordering::Relaxed) {
+                let now_migrating = migrating.load(Ordering::Relaxed);
+                let (kind, name) = &all[i % all.len()];
+                i += 1;
+                // The second half of each kind's names waits for the migration.
+                let late = all
+                    .iter()
+                    .filter(|(k, _)| k == kind)
+                    .position(|(_, n)| n == name)
+                    >= Some(4);
+                if late && !now_migrating {
+                    continue;
+                }
+                let code = ask(&mut client, request("m", &[&[(kind, name)]]))
+                    .await
+                    .overall_code;
+                let entry = tally.entry(kind).or_default();
+                if code == 1 {
+                    entry.0 += 1;
+                } else {
+                    entry.1 += 1;
+                }
+                if now_migrating && migrating.load(Ordering::Relaxed) {
+                    during.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            tally
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    migrating.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    let c = &cluster;
+    let moved = tokio::task::block_in_place(|| c.migrate_slot(slot, from, to, 100));
+    let took = started.elapsed();
+    migrating.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut tally: std::collections::HashMap<&str, (u64, u64)> = Default::default();
+    for stream in streams {
+        for (kind, (a, r)) in stream.await.expect("stream") {
+            let entry = tally.entry(kind).or_default();
+            entry.0 += a;
+            entry.1 += r;
+        }
+    }
+    let during = during.load(Ordering::Relaxed);
+    eprintln!(
+        "slot {slot}: {moved} keys moved from node {from} to {to} in {took:?}; {during} answers during it; admitted, refused per kind: {tally:?}"
+    );
+    assert!(moved >= 100_000, "the slot held the filler keys");
+    assert_eq!(cluster.master_of(&tag("f", "u0")), to, "the slot moved");
+    assert!(
+        during >= 100,
+        "traffic on the slot while it migrated ({during} answers)"
+    );
+    let refused: u64 = tally.values().map(|(_, r)| r).sum();
+    assert_eq!(refused, 0, "failure-mode answers during the migration");
+    // Every admitted hit counted once, on whichever node its key is now.
+    for kind in ["f", "s"] {
+        let counted: u64 = cluster
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.cli(&["--scan", "--pattern", &format!("*{{m|{kind}=*")])
+                    .lines()
+                    .filter(|k| {
+                        !k.is_empty()
+                            && !k.contains(":fill:")
+                            && !crate::common::redis::is_receipt(k)
+                    })
+                    .map(|k| n.cli(&["GET", k]).trim().parse::<u64>().unwrap_or(0))
+                    .collect::<Vec<_>>()
+            })
+            .sum();
+        assert_eq!(counted, tally[kind].0, "{kind}: hits counted in Redis");
+    }
+}

@@ -31,6 +31,12 @@
 --   records what (key index, amount added, ...), so that a caller who gave
 --   up waiting can take it back (cancel.lua); a receipt that holds 'x' says
 --   the caller cancelled before the call ran, and the call commits nothing.
+--   Empty: no receipt (a call on a Cluster slot being migrated, where a key
+--   that exists on neither node would make Redis refuse the call; see
+--   migration.rs).
+-- ARGV[3] (optional): one MessagePack array of values that stand for keys
+--   #KEYS + 1, #KEYS + 2, ...: counters read before the call (a sliding
+--   window's previous window, on a slot being migrated).
 -- Returns one MessagePack array: three integers per check, in order: allowed
 -- (1/0), remaining, wait (µs).
 --
@@ -52,7 +58,7 @@ local ENFORCED, QUOTA, TOKEN = string.byte('1'), string.byte('q'), string.byte('
 local input = cmsgpack.unpack(ARGV[1])
 local receipt_ttl = ARGV[2]
 local receipt = nil
-if receipt_ttl then receipt = #KEYS end
+if receipt_ttl and receipt_ttl ~= '' then receipt = #KEYS end
 local receipt_was = false
 
 -- What the call has committed so far (key -> value and expiry, in order),
@@ -77,6 +83,9 @@ for from = 1, #KEYS, 4000 do
     if v ~= nil then raw[i] = r end
   end
   if receipt and to == #KEYS then receipt_was = values[to - from + 1] end
+end
+if ARGV[3] then
+  for i, v in ipairs(cmsgpack.unpack(ARGV[3])) do stored[#KEYS + i] = v end
 end
 -- Cancelled by its caller before it ran: nobody waits for the answer.
 if receipt_was == 'x' then return cmsgpack.pack({}) end

@@ -29,6 +29,7 @@ mod error;
 mod events;
 mod keys;
 mod lease;
+mod migration;
 mod msgpack;
 mod options;
 mod over_limit;

@@ -46,7 +46,7 @@ impl RedisStore {
                 .filter(|(_, g)| !g.refused_here(ro))
                 .map(|(slot, group)| async move {
                     let rows = self
-                        .decide_part(*slot, self.part(group, ro, now, false), deadline)
+                        .decide_group(*slot, group, ro, now, false, deadline)
                         .await?;
                     Ok::<_, StoreError>((group, rows))
                 });

@@ -40,8 +40,24 @@ pub(super) struct ScriptCheck {
     pub(super) enforce: u8,
 }
 
+impl ScriptCheck {
+    /// Its numbers in the script's argument, with its key's index in KEYS
+    /// and its previous window's (0 for none).
+    pub(super) fn write(&self, args: &mut msgpack::Writer, key: u64, previous: u64) {
+        args.uint(u64::from(self.code))
+            .uint(key)
+            .uint(previous)
+            .uint(u64::from(self.limit))
+            .uint(self.start_or_period)
+            .uint(self.end_or_burst)
+            .uint(self.cost)
+            .uint(self.charge)
+            .uint(u64::from(self.enforce));
+    }
+}
+
 /// Numbers per check in the script's argument (see `batch.lua`).
-const FIELDS: usize = 9;
+pub(super) const FIELDS: usize = 9;
 
 /// Per check: allowed, remaining, wait (µs).
 pub(super) type Rows = Vec<(bool, u32, u64)>;
@@ -69,6 +85,9 @@ pub(super) struct Scripts {
     pub(super) views: Lua,
     /// The quota service's totals exchange (`quota.lua`).
     pub(super) quota: Lua,
+    /// Reads one counter (`peek.lua`): a sliding window's previous window on
+    /// a slot being migrated.
+    pub(super) peek: Lua,
 }
 
 impl Default for Scripts {
@@ -81,6 +100,7 @@ impl Default for Scripts {
             reset: lua(include_str!("reset.lua")),
             views: lua(include_str!("views.lua")),
             quota: lua(include_str!("quota.lua")),
+            peek: lua(include_str!("peek.lua")),
         }
     }
 }
@@ -106,6 +126,7 @@ impl Lua {
             lua: self,
             keys: Vec::new(),
             args: Vec::new(),
+            yields_to_migration: false,
         }
     }
 }
@@ -117,6 +138,10 @@ pub(super) struct Invocation<'a> {
     lua: &'a Lua,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    /// A `TRYAGAIN` ends the call with [`StoreError::Migrating`] instead of
+    /// being retried: its caller decides it another way (see
+    /// `migration.rs`).
+    pub(super) yields_to_migration: bool,
 }
 
 impl Invocation<'_> {
@@ -226,18 +251,11 @@ impl RedisStore {
                 } else {
                     0
                 };
-                args.uint(u64::from(c.code))
-                    .uint(key)
-                    .uint(previous)
-                    .uint(u64::from(c.limit))
-                    .uint(c.start_or_period)
-                    .uint(c.end_or_burst)
-                    .uint(c.cost)
-                    .uint(c.charge)
-                    .uint(u64::from(c.enforce));
+                c.write(&mut args, key, previous);
             }
         }
         inv.arg(args.into_bytes());
+        inv.yields_to_migration = true;
         let receipt = self.receipt(parts);
         inv.key(receipt.as_str())
             .arg(self.receipt_ttl().as_millis() as u64);

@@ -105,14 +105,15 @@ impl RedisStore {
         if let [(slot, group)] = groups.as_slice() {
             // One slot (always, on a standalone Redis): no futures to gather.
             let rows = self
-                .decide_part(*slot, self.part(group, checks, now, true), deadline)
+                .decide_group(*slot, group, checks, now, true, deadline)
                 .await?;
             fill(checks, group, rows);
             return Ok(groups);
         }
-        let calls = groups.iter().map(|(slot, group)| {
-            self.decide_part(*slot, self.part(group, checks, now, true), deadline)
-        });
+        let ro: &[Check] = checks;
+        let calls = groups
+            .iter()
+            .map(|(slot, group)| self.decide_group(*slot, group, ro, now, true, deadline));
         let replies = join_all(calls).await;
         let mut failed = None;
         let mut answered = SmallVec::<[bool; 2]>::new();
@@ -144,6 +145,30 @@ impl RedisStore {
             check.outcome = None;
         }
         Err(error)
+    }
+
+    /// Decides one slot's checks of a request by `deadline` (`spend: false`
+    /// spends nothing): with the other requests of the moment in one call
+    /// (coalesce.rs), or key by key while the slot is being migrated
+    /// (migration.rs).
+    pub(super) async fn decide_group(
+        &self,
+        slot: Slot,
+        group: &Group,
+        checks: &[Check],
+        now: Nanos,
+        spend: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Rows, StoreError> {
+        let part = self.part(group, checks, now, spend);
+        match self.decide_part(slot, part, deadline).await {
+            Err(StoreError::Migrating) => {
+                // Boxed: rare, and every request's future would carry it.
+                let part = self.part(group, checks, now, spend);
+                Box::pin(self.decide_migrating(slot, &part, deadline)).await
+            }
+            rows => rows,
+        }
     }
 
     /// One slot's checks of a request, as the batch script takes them;

@@ -15,9 +15,12 @@
 //! - **a hung node blocks nothing.** The slot map is asked of every known
 //!   node and seed at once, and the first answer wins.
 //! - **slot migrations are followed.** `MOVED` is followed at once (and the
-//!   map read again); `ASK` is followed with `ASKING`; `TRYAGAIN` (a
-//!   sliding window's two keys split between the two nodes mid-migration)
-//!   is retried after a short pause, within the request's deadline.
+//!   map read again); `ASK` is followed with `ASKING`. A decision whose keys
+//!   are not all on one of the two nodes (Redis answers `TRYAGAIN`: a new
+//!   key, a call's receipt, a sliding window's two windows split) is made
+//!   key by key (`migration.rs`), so a migrating slot of any size is still
+//!   decided by Redis; other scripts are retried after a short pause,
+//!   within the caller's deadline.
 
 mod map;
 
@@ -134,6 +137,11 @@ impl RedisStore {
                 ErrorKind::Server(ServerErrorKind::Ask) if redirects < MAX_REDIRECTS => {
                     redirects += 1;
                     redirect = redirected().map(|n| (n, true));
+                }
+                // A call whose keys are not all on one of the two nodes of
+                // a slot being migrated: the caller decides it key by key.
+                ErrorKind::Server(ServerErrorKind::TryAgain) if inv.yields_to_migration => {
+                    return Err(StoreError::Migrating);
                 }
                 // Mid-migration (the keys split between the two nodes), or
                 // a master just demoted or not yet in charge: pause, then
