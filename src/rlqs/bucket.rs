@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::answer::Entries;
 use super::options::{COUNTED_PERIOD_SECONDS, DEMAND_STALE, MAX_DEPARTED, QuotaOptions, Unmatched};
 use super::share::{self, Assignment, Claim, Split};
 use crate::algorithm::NANOS_PER_TICK;
@@ -137,8 +138,8 @@ pub(super) struct OtherInstances {
 #[derive(Debug)]
 pub(super) struct Bucket {
     pub(super) domain: String,
-    /// Sorted by key.
-    pub(super) entries: Vec<(String, String)>,
+    /// Sorted by key; shared with the answers that name the bucket.
+    pub(super) entries: Entries,
     pub(super) resolved: Resolved,
     /// The streams that report the bucket, by stream id.
     pub(super) members: HashMap<u64, Member>,
@@ -157,7 +158,7 @@ pub(super) struct Bucket {
 
 impl Bucket {
     /// A bucket that `resolved` says something about.
-    pub(super) fn new(domain: &str, entries: Vec<(String, String)>, resolved: Resolved) -> Self {
+    pub(super) fn new(domain: &str, entries: Entries, resolved: Resolved) -> Self {
         // Split when its first client joins.
         Bucket {
             domain: domain.to_owned(),

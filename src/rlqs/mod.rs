@@ -21,6 +21,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
+mod answer;
 mod bucket;
 mod options;
 mod outbox;
@@ -30,6 +31,8 @@ mod sync;
 mod view;
 mod wire;
 
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, unused_imports))]
+pub use answer::Answer;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub use options::QuotaOptions;
 pub(crate) use options::Unmatched;

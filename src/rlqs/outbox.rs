@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
-use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
+
+use super::answer::Answer;
 
 /// Messages queued at most, whatever their size (the bytes bound them
 /// first unless they are tiny).
@@ -22,7 +23,7 @@ const QUEUE_MESSAGES: usize = 1024;
 /// The sending side of a stream's queue (cloned for the tick's pushes).
 #[derive(Debug, Clone)]
 pub(super) struct Outbox {
-    tx: mpsc::Sender<(RateLimitQuotaResponse, usize)>,
+    tx: mpsc::Sender<(Answer, usize)>,
     queued: Arc<AtomicUsize>,
     max_bytes: usize,
 }
@@ -31,7 +32,7 @@ pub(super) struct Outbox {
 #[derive(Debug)]
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Inbox {
-    rx: mpsc::Receiver<(RateLimitQuotaResponse, usize)>,
+    rx: mpsc::Receiver<(Answer, usize)>,
     queued: Arc<AtomicUsize>,
 }
 
@@ -52,7 +53,7 @@ pub(super) fn outbox(max_bytes: usize) -> (Outbox, Inbox) {
 impl Outbox {
     /// Queues `message`; false when the queue is full (the stream does not
     /// read what it was sent) or the stream is gone.
-    pub(super) fn push(&self, message: RateLimitQuotaResponse) -> bool {
+    pub(super) fn push(&self, message: Answer) -> bool {
         let size = message.encoded_len();
         let held = self.queued.fetch_add(size, Ordering::AcqRel);
         if held.saturating_add(size) > self.max_bytes && held > 0 {
@@ -70,13 +71,13 @@ impl Outbox {
 impl Inbox {
     /// The next message queued, if any (tests read pushes with it).
     #[cfg(test)]
-    pub(crate) fn try_recv(&mut self) -> Option<RateLimitQuotaResponse> {
+    pub(crate) fn try_recv(&mut self) -> Option<Answer> {
         let (message, size) = self.rx.try_recv().ok()?;
         self.queued.fetch_sub(size, Ordering::AcqRel);
         Some(message)
     }
 
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<RateLimitQuotaResponse>> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Answer>> {
         self.rx.poll_recv(cx).map(|next| {
             next.map(|(message, size)| {
                 self.queued.fetch_sub(size, Ordering::AcqRel);
@@ -127,6 +128,8 @@ impl futures_util::Stream for Outbound {
                 Poll::Pending => {}
             }
         }
-        self.inbox.poll_recv(cx).map(|next| next.map(Ok))
+        self.inbox
+            .poll_recv(cx)
+            .map(|next| next.map(|answer| Ok(answer.into_wire())))
     }
 }

@@ -9,13 +9,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use parking_lot::Mutex;
 use tonic::Status;
 
+use super::answer::{Action, Answer};
 use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
 use super::options::{MAX_CLIENT_NAME, QuotaOptions};
 use super::outbox::{Inbox, Outbox, outbox};
@@ -233,11 +231,7 @@ impl Quotas {
     /// bucket named more than once in a report counts once, its usages
     /// added up.
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-    pub fn report(
-        &self,
-        id: u64,
-        reports: &RateLimitQuotaUsageReports,
-    ) -> Result<RateLimitQuotaResponse, Status> {
+    pub fn report(&self, id: u64, reports: &RateLimitQuotaUsageReports) -> Result<Answer, Status> {
         self.metrics.reports.fetch_add(1, Ordering::Relaxed);
         let now = self.now();
         let domain = reports.domain.as_str();
@@ -269,7 +263,7 @@ impl Quotas {
             }
             Some(_) => {}
         }
-        let mut actions = Vec::with_capacity(usages.len());
+        let mut answer = Answer::new(self.options.assignment_ttl, usages.len());
         for usage in usages {
             // Rules reloaded since the last tick apply to new buckets at
             // once; existing ones follow at the tick (which also tells
@@ -281,7 +275,9 @@ impl Quotas {
                 if matches!(resolved, Resolved::Unmatched) {
                     // Nothing to divide or count: answered without a trace,
                     // so junk cannot fill the tables.
-                    actions.push(self.action(&usage.entries, &unmatched(&self.options)));
+                    answer
+                        .actions
+                        .push(self.action(&usage.entries, &unmatched(&self.options)));
                     continue;
                 }
                 let bytes = Bucket::bytes_of(&usage.name);
@@ -362,11 +358,11 @@ impl Quotas {
             if let Some(member) = bucket.members.get_mut(&id) {
                 member.sent = Some(assignment);
             }
-            actions.push(self.action(&bucket.entries, &assignment));
+            answer
+                .actions
+                .push(self.action(&bucket.entries, &assignment));
         }
-        Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        })
+        Ok(answer)
     }
 
     /// Whether a stream holding `held` buckets may not take one more, with
@@ -383,12 +379,8 @@ impl Quotas {
     /// them until their next request, which finds the new rules); buckets
     /// whose limit changed are re-resolved (the next push tells Envoy).
     /// Returns the abandon actions per stream.
-    pub(super) fn follow_rules(
-        &self,
-        state: &mut State,
-        now: Nanos,
-    ) -> HashMap<u64, Vec<BucketAction>> {
-        let mut abandoned: HashMap<u64, Vec<BucketAction>> = HashMap::new();
+    pub(super) fn follow_rules(&self, state: &mut State, now: Nanos) -> HashMap<u64, Vec<Action>> {
+        let mut abandoned: HashMap<u64, Vec<Action>> = HashMap::new();
         let current = self.limiter.rules();
         if Arc::ptr_eq(&current, &state.rules) {
             return abandoned;

@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-
+use super::answer::{Action, Answer, Entries};
 use super::bucket::{Bucket, Resolved};
 use super::options::DEMAND_STALE;
 use super::quotas::{Quotas, State};
@@ -130,8 +128,9 @@ impl Quotas {
             // A full queue means a stream that does not read: the push is
             // dropped (its next report's answer has the current assignments,
             // or the stream is ended for not reading them).
-            let _ = tx.push(RateLimitQuotaResponse {
-                bucket_action: actions,
+            let _ = tx.push(Answer {
+                actions,
+                ttl: self.options.assignment_ttl,
             });
         }
     }
@@ -144,7 +143,7 @@ impl Quotas {
         name: &Arc<str>,
         now: Nanos,
         resplit: bool,
-        pushes: &mut HashMap<u64, Vec<BucketAction>>,
+        pushes: &mut HashMap<u64, Vec<Action>>,
     ) {
         let Some(bucket) = state.buckets.get_mut(name) else {
             return;
@@ -226,7 +225,7 @@ fn expire(state: &mut State, name: &Arc<str>, now: Nanos, min_share: f64) -> Opt
 struct Pending {
     name: Arc<str>,
     domain: String,
-    entries: Vec<(String, String)>,
+    entries: Entries,
     weight: f64,
     admitted: u64,
     window: crate::calendar::Window,

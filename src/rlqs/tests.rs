@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strat
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    BucketId, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
@@ -72,8 +72,10 @@ fn report(usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
 }
 
 /// Each bucket's assignment in a response, by its entries.
-fn actions(response: &RateLimitQuotaResponse) -> HashMap<String, String> {
-    response
+fn actions(answer: &answer::Answer) -> HashMap<String, String> {
+    answer
+        .clone()
+        .into_wire()
         .bucket_action
         .iter()
         .map(|a| {
@@ -120,7 +122,7 @@ fn actions(response: &RateLimitQuotaResponse) -> HashMap<String, String> {
         .collect()
 }
 
-fn one(response: &RateLimitQuotaResponse) -> String {
+fn one(response: &answer::Answer) -> String {
     let all = actions(response);
     assert_eq!(all.len(), 1, "{all:?}");
     all.into_values().next().expect("present")
@@ -541,7 +543,7 @@ fn buckets_nobody_reports_expire_and_junk_fills_nothing() {
         .map(|i| usage(&[("nobody", &i.to_string())], 1, 0, 0))
         .collect();
     let r = q.report(junk, &report(nobody)).expect("present");
-    assert_eq!(r.bucket_action.len(), 1_000, "every one answered");
+    assert_eq!(r.actions.len(), 1_000, "every one answered");
     assert_eq!(q.to_json(0)["buckets_total"], 0, "none kept");
     // Matched buckets: at most 100 for one stream, 150 for all.
     let keys: Vec<BucketQuotaUsage> = (0..1_000)
@@ -581,7 +583,7 @@ fn a_bucket_repeated_in_one_report_counts_once() {
     let key = [("plan", "daily")];
     let repeated: Vec<BucketQuotaUsage> = (0..3_000).map(|_| usage(&key, 0, 1, 0)).collect();
     let r = q.report(a, &report(repeated)).expect("present");
-    assert_eq!(r.bucket_action.len(), 1);
+    assert_eq!(r.actions.len(), 1);
     let json = q.to_json(1);
     assert_eq!(
         json["buckets"][0]["clients"].as_array().map(Vec::len),

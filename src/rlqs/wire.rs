@@ -1,4 +1,5 @@
-//! The quota service's wire form: usage reports in, bucket actions out.
+//! The quota service's wire form: usage reports in, bucket actions out
+//! (made from an [`Answer`] when a stream sends it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +12,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
+use super::answer::{ActionKind, Answer, Entries};
 use super::bucket::bucket_name;
 use super::quotas::Quotas;
 use super::share::Assignment;
@@ -66,7 +70,7 @@ impl Quotas {
 
     /// A bucket id's entries, sorted by key; `None` when it is empty or
     /// above the bounds.
-    fn entries(&self, id: &BucketId) -> Option<Vec<(String, String)>> {
+    fn entries(&self, id: &BucketId) -> Option<Entries> {
         if id.bucket.is_empty() || id.bucket.len() > self.options.max_entries {
             return None;
         }
@@ -84,69 +88,85 @@ impl Quotas {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         entries.sort_unstable();
-        Some(entries)
-    }
-
-    /// The wire form of an assignment for bucket `id`.
-    pub(super) fn action(
-        &self,
-        entries: &[(String, String)],
-        assignment: &Assignment,
-    ) -> BucketAction {
-        let strategy = match *assignment {
-            Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
-            Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
-            Assignment::TokenBucket {
-                max_tokens,
-                tokens_per_fill,
-                fill_seconds,
-                ..
-            } => Strategy::TokenBucket(TokenBucket {
-                max_tokens,
-                tokens_per_fill: Some(UInt32Value {
-                    value: tokens_per_fill,
-                }),
-                fill_interval: Some(PbDuration {
-                    seconds: i64::from(fill_seconds),
-                    nanos: 0,
-                }),
-            }),
-        };
-        let sent = &self.metrics.assignments;
-        let counter = match assignment {
-            Assignment::TokenBucket { .. } => &sent.token_bucket,
-            Assignment::AllowAll => &sent.allow_all,
-            Assignment::DenyAll => &sent.deny_all,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        BucketAction {
-            bucket_id: Some(bucket_id(entries)),
-            bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-                assignment_time_to_live: Some(seconds(self.options.assignment_ttl)),
-                rate_limit_strategy: Some(RateLimitStrategy {
-                    strategy: Some(strategy),
-                }),
-            })),
-        }
-    }
-
-    pub(super) fn abandon(&self, entries: &[(String, String)]) -> BucketAction {
-        self.metrics
-            .assignments
-            .abandon
-            .fetch_add(1, Ordering::Relaxed);
-        BucketAction {
-            bucket_id: Some(bucket_id(entries)),
-            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-        }
+        Some(entries.into())
     }
 }
 
-/// The wire form of a bucket's entries.
-fn bucket_id(entries: &[(String, String)]) -> BucketId {
-    BucketId {
-        bucket: entries.iter().cloned().collect(),
+impl Answer {
+    /// The wire form, made when the stream sends it.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+    pub fn into_wire(self) -> RateLimitQuotaResponse {
+        let ttl = self.ttl;
+        RateLimitQuotaResponse {
+            bucket_action: self
+                .actions
+                .iter()
+                .map(|a| BucketAction {
+                    bucket_id: Some(BucketId {
+                        bucket: a.bucket.iter().cloned().collect(),
+                    }),
+                    bucket_action: Some(wire_action(&a.kind, ttl)),
+                })
+                .collect(),
+        }
     }
+
+    /// The size of its wire form, in bytes, computed without making it.
+    pub(super) fn encoded_len(&self) -> usize {
+        use prost::Message;
+        use prost::encoding::encoded_len_varint as varint;
+        let field = |len: usize| 1 + varint(len as u64) + len;
+        let string = |s: &str| if s.is_empty() { 0 } else { field(s.len()) };
+        self.actions
+            .iter()
+            .map(|a| {
+                let id: usize = a
+                    .bucket
+                    .iter()
+                    .map(|(k, v)| field(string(k) + string(v)))
+                    .sum();
+                let action = BucketAction {
+                    bucket_id: None,
+                    bucket_action: Some(wire_action(&a.kind, self.ttl)),
+                }
+                .encoded_len();
+                field(field(id) + action)
+            })
+            .sum()
+    }
+}
+
+/// The wire form of an action (without its bucket id).
+fn wire_action(kind: &ActionKind, ttl: Duration) -> Action {
+    let assignment = match kind {
+        ActionKind::Abandon => return Action::AbandonAction(AbandonAction {}),
+        ActionKind::Assign(assignment) => assignment,
+    };
+    let strategy = match *assignment {
+        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_seconds,
+            ..
+        } => Strategy::TokenBucket(TokenBucket {
+            max_tokens,
+            tokens_per_fill: Some(UInt32Value {
+                value: tokens_per_fill,
+            }),
+            fill_interval: Some(PbDuration {
+                seconds: i64::from(fill_seconds),
+                nanos: 0,
+            }),
+        }),
+    };
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: Some(seconds(ttl)),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(strategy),
+        }),
+    })
 }
 
 /// One bucket's usage in a report, its duplicates merged.
@@ -155,9 +175,63 @@ pub(super) struct Usage {
     /// The bucket's canonical name.
     pub(super) name: Arc<str>,
     /// Sorted by key.
-    pub(super) entries: Vec<(String, String)>,
+    pub(super) entries: Entries,
     pub(super) allowed: u64,
     pub(super) denied: u64,
     /// Seconds the usage covers.
     pub(super) elapsed: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rlqs::answer::Action;
+
+    #[test]
+    fn an_answers_size_is_its_wire_forms_without_making_it() {
+        let entries = |pairs: &[(&str, &str)]| -> Entries {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>()
+                .into()
+        };
+        let long = "v".repeat(300);
+        let bucket = |e: Entries, kind: ActionKind| Action { bucket: e, kind };
+        let token_bucket = Assignment::TokenBucket {
+            share: 5.0,
+            max_tokens: 10,
+            tokens_per_fill: 5,
+            fill_seconds: 1,
+        };
+        let answer = Answer {
+            actions: vec![
+                bucket(
+                    entries(&[("api_key", "k")]),
+                    ActionKind::Assign(token_bucket),
+                ),
+                bucket(
+                    entries(&[("a", ""), ("", "v")]),
+                    ActionKind::Assign(Assignment::AllowAll),
+                ),
+                bucket(
+                    entries(&[("k", &long), ("x", "y")]),
+                    ActionKind::Assign(Assignment::DenyAll),
+                ),
+                bucket(entries(&[("gone", "1")]), ActionKind::Abandon),
+            ],
+            ttl: Duration::from_secs(15),
+        };
+        let wire = prost::Message::encoded_len(&answer.clone().into_wire());
+        assert!(wire > 300, "the long value is in it ({wire} bytes)");
+        assert_eq!(answer.encoded_len(), wire);
+        assert_eq!(
+            Answer {
+                actions: Vec::new(),
+                ttl: Duration::from_secs(1)
+            }
+            .encoded_len(),
+            0
+        );
+    }
 }

@@ -130,25 +130,37 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     one.tick().await;
     clock.advance(Duration::from_secs(5));
     let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
-    assert_eq!(assignment(&r), "15/1s", "15 of 20 across both instances");
+    assert_eq!(
+        assignment(&r.into_wire()),
+        "15/1s",
+        "15 of 20 across both instances"
+    );
     let r = two.report(b, &report(&key, 25, 0, 5)).expect("present");
-    assert_eq!(assignment(&r), "5/1s", "5 of 20 across both instances");
+    assert_eq!(
+        assignment(&r.into_wire()),
+        "5/1s",
+        "5 of 20 across both instances"
+    );
     // A per-minute limit: what both instances admitted counts against it.
     let plan = [("plan", "gold")];
     let (a2, _rx) = one.open(Some("gateway-a")).expect("opens");
     let (b2, _rx) = two.open(Some("gateway-b")).expect("opens");
     one.report(a2, &report(&plan, 60, 0, 5)).expect("present");
     let r = two.report(b2, &report(&plan, 30, 0, 5)).expect("present");
-    assert_ne!(assignment(&r), "deny", "90 of 100 so far");
+    assert_ne!(assignment(&r.into_wire()), "deny", "90 of 100 so far");
     one.tick().await;
     two.tick().await;
     let r = two.report(b2, &report(&plan, 10, 0, 1)).expect("present");
-    assert_eq!(assignment(&r), "deny", "60 + 30 + 10 = the minute's 100");
+    assert_eq!(
+        assignment(&r.into_wire()),
+        "deny",
+        "60 + 30 + 10 = the minute's 100"
+    );
     two.tick().await;
     one.tick().await;
     let r = one.report(a2, &report(&plan, 0, 5, 1)).expect("present");
     assert_eq!(
-        assignment(&r),
+        assignment(&r.into_wire()),
         "deny",
         "instance one learned it from the store"
     );
@@ -160,7 +172,7 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
         one.tick().await;
     }
     let r = one.report(a, &report(&key, 100, 50, 5)).expect("present");
-    assert_eq!(assignment(&r), "20/1s");
+    assert_eq!(assignment(&r.into_wire()), "20/1s");
     // Every key the exchange wrote expires.
     let written = keys();
     assert!(
@@ -245,7 +257,11 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
     }
     clock.advance(Duration::from_millis(10));
     let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
-    assert_eq!(assignment(&r), "15/1s", "15 of 20 across both instances");
+    assert_eq!(
+        assignment(&r.into_wire()),
+        "15/1s",
+        "15 of 20 across both instances"
+    );
     // The poisoned count is clamped to the limit before Redis: the window is
     // spent, the next one is not, and the counter never overflows.
     let used: Vec<String> = redis
@@ -257,7 +273,11 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
     clock.advance(Duration::from_secs(60));
     two.tick().await;
     let r = two.report(p, &report(&plan, 1, 0, 5)).expect("present");
-    assert_ne!(assignment(&r), "deny", "the next window starts afresh");
+    assert_ne!(
+        assignment(&r.into_wire()),
+        "deny",
+        "the next window starts afresh"
+    );
     two.tick().await;
     assert_eq!(two.store_errors(), 0);
 }

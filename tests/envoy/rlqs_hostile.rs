@@ -421,3 +421,66 @@ async fn memory_stays_under_its_ceiling_at_the_bucket_byte_and_pair_bounds() {
         call.abort();
     }
 }
+
+/// The review's attack: 200 streams report the same 3,000 buckets (600,000
+/// pairs asked for, against the default bound of 500,000) and never read
+/// an answer. Resident memory is sampled throughout; its peak growth is
+/// what the attack costs.
+#[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::await_holding_lock)] // the guard only orders this binary's tests
+async fn two_hundred_streams_that_never_read_cost_a_bounded_amount_of_memory() {
+    let _alone = alone();
+    let tollgate = Tollgate::start(RULES, &[]);
+    let pid = tollgate.pid();
+    let before = rss(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let frame = report_frame(
+        (0..3_000)
+            .map(|b| one_usage(format!("bucket-{b}")))
+            .collect(),
+    );
+    let mut calls = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..10 {
+        // A window of zero: no answer reaches these clients.
+        let mut sender = h2(tollgate.addr, 0).await;
+        for _ in 0..20 {
+            calls.push(stream_of(&mut sender, tollgate.addr, vec![frame.clone(); 3]).await);
+        }
+        senders.push(sender);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    eprintln!(
+        "{}",
+        tollgate
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("tollgate_rlqs"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Ticks push new assignments meanwhile.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sampling.abort();
+    let grown = peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(before);
+    let pairs = tollgate.metric("tollgate_rlqs_pairs");
+    eprintln!(
+        "200 streams x 3,000 buckets, never reading: peak RSS growth {} MB; {pairs} pairs held at the end, {} streams ended",
+        grown / 1_000_000,
+        tollgate.metric("tollgate_rlqs_streams_ended_total"),
+    );
+    for call in calls {
+        call.abort();
+    }
+}

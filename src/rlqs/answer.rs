@@ -1,0 +1,78 @@
+//! What the quota service tells a stream, in its own terms: per bucket, an
+//! assignment or an abandon. A bucket's entries are shared with the bucket
+//! itself, so an answer waiting for a stream that does not read holds a
+//! pointer and a few numbers per bucket, not a copy of every bucket id; it
+//! becomes the wire form (`wire.rs`) only when the stream sends it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::quotas::Quotas;
+use super::share::Assignment;
+
+/// A bucket's entries, sorted by key: shared by the bucket and every
+/// answer that names it.
+pub(super) type Entries = Arc<[(String, String)]>;
+
+/// What a stream is told about one bucket.
+#[derive(Debug, Clone)]
+pub(super) struct Action {
+    pub(super) bucket: Entries,
+    pub(super) kind: ActionKind,
+}
+
+/// An assignment (for `ttl`), or the bucket is abandoned.
+#[derive(Debug, Clone)]
+pub(super) enum ActionKind {
+    Assign(Assignment),
+    Abandon,
+}
+
+/// One message to a stream.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub struct Answer {
+    pub(super) actions: Vec<Action>,
+    /// How long the assignments stand (`--rlqs-assignment-ttl`).
+    pub(super) ttl: Duration,
+}
+
+impl Answer {
+    /// No action yet; assignments stand for `ttl`.
+    pub(super) fn new(ttl: Duration, capacity: usize) -> Self {
+        Self {
+            actions: Vec::with_capacity(capacity),
+            ttl,
+        }
+    }
+}
+
+impl Quotas {
+    /// An assignment of the bucket with `entries`, counted as sent.
+    pub(super) fn action(&self, entries: &Entries, assignment: &Assignment) -> Action {
+        let sent = &self.metrics.assignments;
+        let counter = match assignment {
+            Assignment::TokenBucket { .. } => &sent.token_bucket,
+            Assignment::AllowAll => &sent.allow_all,
+            Assignment::DenyAll => &sent.deny_all,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Action {
+            bucket: entries.clone(),
+            kind: ActionKind::Assign(*assignment),
+        }
+    }
+
+    /// The bucket with `entries` is abandoned, counted as sent.
+    pub(super) fn abandon(&self, entries: &Entries) -> Action {
+        self.metrics
+            .assignments
+            .abandon
+            .fetch_add(1, Ordering::Relaxed);
+        Action {
+            bucket: entries.clone(),
+            kind: ActionKind::Abandon,
+        }
+    }
+}
