@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
-use super::answer::{ActionKind, Answer, Entries};
+use super::answer::{Action as Act, ActionKind, Answer, Entries};
 use super::bucket::bucket_name;
 use super::quotas::Quotas;
 use super::share::Assignment;
@@ -112,27 +112,31 @@ impl Answer {
     }
 
     /// The size of its wire form, in bytes, computed without making it.
+    #[cfg(test)]
     pub(super) fn encoded_len(&self) -> usize {
+        self.actions.iter().map(|a| a.encoded_len(self.ttl)).sum()
+    }
+}
+
+impl Act {
+    /// The size of its part of an answer's wire form (assignments standing
+    /// for `ttl`), computed without making it.
+    pub(super) fn encoded_len(&self, ttl: Duration) -> usize {
         use prost::Message;
         use prost::encoding::encoded_len_varint as varint;
         let field = |len: usize| 1 + varint(len as u64) + len;
         let string = |s: &str| if s.is_empty() { 0 } else { field(s.len()) };
-        self.actions
+        let id: usize = self
+            .bucket
             .iter()
-            .map(|a| {
-                let id: usize = a
-                    .bucket
-                    .iter()
-                    .map(|(k, v)| field(string(k) + string(v)))
-                    .sum();
-                let action = BucketAction {
-                    bucket_id: None,
-                    bucket_action: Some(wire_action(&a.kind, self.ttl)),
-                }
-                .encoded_len();
-                field(field(id) + action)
-            })
-            .sum()
+            .map(|(k, v)| field(string(k) + string(v)))
+            .sum();
+        let action = BucketAction {
+            bucket_id: None,
+            bucket_action: Some(wire_action(&self.kind, ttl)),
+        }
+        .encoded_len();
+        field(field(id) + action)
     }
 }
 

@@ -56,8 +56,9 @@ pub(crate) struct RlqsArgs {
     #[arg(id = "rlqs_exchange_timeout", value_name = "RLQS_EXCHANGE_TIMEOUT", long = "rlqs-exchange-timeout", env = "TOLLGATE_RLQS_EXCHANGE_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
     pub exchange_timeout: Duration,
 
-    /// Quota service: bytes of answers a stream may have waiting to be
-    /// read; a stream that does not read past it is ended.
+    /// Quota service: bytes (wire size) of answers a stream may have
+    /// waiting to be read, merged per bucket; a stream that does not read
+    /// past it is ended.
     #[arg(id = "rlqs_max_queued_bytes", value_name = "RLQS_MAX_QUEUED_BYTES", long = "rlqs-max-queued-bytes", env = "TOLLGATE_RLQS_MAX_QUEUED_BYTES", default_value_t = 1024 * 1024, value_parser = at_least_one)]
     pub max_queued_bytes: usize,
 
