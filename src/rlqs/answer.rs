@@ -1,4 +1,5 @@
-//! What the quota service tells a stream, in its own terms: per bucket, an
+//! What the quota service is told and tells, in its own terms: a report's
+//! usage per bucket in, and per bucket an
 //! assignment or an abandon. A bucket's entries are shared with the bucket
 //! itself, so an answer waiting for a stream that does not read holds a
 //! pointer and a few numbers per bucket, not a copy of every bucket id; it
@@ -75,4 +76,17 @@ impl Quotas {
             kind: ActionKind::Abandon,
         }
     }
+}
+
+/// One bucket's usage in a report, its duplicates merged.
+#[derive(Debug)]
+pub(super) struct Usage {
+    /// The bucket's canonical name.
+    pub(super) name: Arc<str>,
+    /// Sorted by key.
+    pub(super) entries: Entries,
+    pub(super) allowed: u64,
+    pub(super) denied: u64,
+    /// Seconds the usage covers.
+    pub(super) elapsed: f64,
 }

@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 mod answer;
 mod bucket;
+mod error;
 mod options;
 mod outbox;
 mod quotas;
@@ -33,6 +34,8 @@ mod wire;
 
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, unused_imports))]
 pub use answer::Answer;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, unused_imports))]
+pub use error::QuotaError;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub use options::QuotaOptions;
 pub(crate) use options::Unmatched;
@@ -76,7 +79,22 @@ struct Closing(Arc<Quotas>, u64);
 
 impl Drop for Closing {
     fn drop(&mut self) {
-        self.0.close(self.1);
+        self.0.close(self.1, self.0.now());
+    }
+}
+
+/// The gRPC status for a refusal (the edge: the quota service knows no
+/// gRPC).
+impl From<QuotaError> for Status {
+    fn from(error: QuotaError) -> Self {
+        let message = error.to_string();
+        match error {
+            QuotaError::TooManyStreams { .. } => Status::resource_exhausted(message),
+            QuotaError::StreamClosed => Status::internal(message),
+            QuotaError::NoDomain
+            | QuotaError::DomainTooLong { .. }
+            | QuotaError::OtherDomain { .. } => Status::invalid_argument(message),
+        }
     }
 }
 
@@ -116,7 +134,7 @@ impl RateLimitQuotaService for RlqsService {
                         return;
                     }
                 };
-                match quotas.report(id, &reports) {
+                match quotas.answer(id, &reports) {
                     Ok(answer) => {
                         if !reply.push(answer) {
                             quotas.metrics.streams_ended.fetch_add(1, Ordering::Relaxed);
@@ -127,8 +145,8 @@ impl RateLimitQuotaService for RlqsService {
                             return;
                         }
                     }
-                    Err(status) => {
-                        let _ = end.send(status);
+                    Err(error) => {
+                        let _ = end.send(error.into());
                         return;
                     }
                 }

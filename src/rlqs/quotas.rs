@@ -9,12 +9,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use parking_lot::Mutex;
-use tonic::Status;
 
-use super::answer::{Action, Answer};
+use super::answer::{Action, Answer, Usage};
 use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
+use super::error::QuotaError;
 use super::options::{MAX_CLIENT_NAME, QuotaOptions};
 use super::outbox::{Inbox, Outbox, outbox};
 use super::share;
@@ -140,14 +139,13 @@ impl Quotas {
     /// returns its id and what it will receive; RESOURCE_EXHAUSTED past
     /// `max_streams`.
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-    pub fn open(&self, client: Option<&str>) -> Result<(u64, Inbox), Status> {
+    pub fn open(&self, client: Option<&str>) -> Result<(u64, Inbox), QuotaError> {
         let (tx, rx) = outbox(self.options.max_queued_bytes);
         let mut state = self.state.lock();
         if state.streams.len() >= self.options.max_streams {
-            return Err(Status::resource_exhausted(format!(
-                "{} quota streams are open, the most allowed (--rlqs-max-streams)",
-                state.streams.len()
-            )));
+            return Err(QuotaError::TooManyStreams {
+                open: state.streams.len(),
+            });
         }
         let id = state.next_stream;
         state.next_stream += 1;
@@ -190,11 +188,10 @@ impl Quotas {
         self.state.lock().streams.get(&id).map(|s| s.tx.clone())
     }
 
-    /// Forgets stream `id`. A client that holds its name keeps its demand
-    /// until it goes stale (pooled): reconnected, it finds its share where
-    /// it was.
-    pub(crate) fn close(&self, id: u64) {
-        let now = self.now();
+    /// Forgets stream `id` at `now`. A client that holds its name keeps its
+    /// demand until it goes stale (pooled): reconnected, it finds its share
+    /// where it was.
+    pub(crate) fn close(&self, id: u64, now: Nanos) {
         let mut state = self.state.lock();
         let state = &mut *state;
         let Some(stream) = state.streams.remove(&id) else {
@@ -226,40 +223,42 @@ impl Quotas {
         self.metrics.store_errors.load(Ordering::Relaxed)
     }
 
-    /// Takes one usage report of stream `id` and answers every bucket in it.
-    /// A stream carries one domain: a report for another is an error. A
-    /// bucket named more than once in a report counts once, its usages
-    /// added up.
-    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-    pub fn report(&self, id: u64, reports: &RateLimitQuotaUsageReports) -> Result<Answer, Status> {
-        self.metrics.reports.fetch_add(1, Ordering::Relaxed);
-        let now = self.now();
-        let domain = reports.domain.as_str();
+    /// Checks a report's domain before anything of it is read.
+    pub(super) fn check_domain(&self, domain: &str) -> Result<(), QuotaError> {
         if domain.is_empty() {
-            return Err(Status::invalid_argument("usage reports without a domain"));
+            return Err(QuotaError::NoDomain);
         }
         if domain.len() > self.options.max_value_bytes {
-            return Err(Status::invalid_argument(format!(
-                "domain of {} bytes is above the bound of {} (--max-value-bytes)",
-                domain.len(),
-                self.options.max_value_bytes
-            )));
+            return Err(QuotaError::DomainTooLong {
+                bytes: domain.len(),
+                max: self.options.max_value_bytes,
+            });
         }
-        let usages = self.usages(domain, reports);
+        Ok(())
+    }
+
+    /// Takes stream `id`'s usages of `domain` at `now` (each bucket once,
+    /// see `wire.rs`) and answers every bucket in them. A stream carries
+    /// one domain: a report for another is an error.
+    pub(super) fn report(
+        &self,
+        id: u64,
+        domain: &str,
+        usages: Vec<Usage>,
+        now: Nanos,
+    ) -> Result<Answer, QuotaError> {
         let shared_store = self.shared_store();
         let rules = self.limiter.rules();
         let mut state = self.state.lock();
         let state = &mut *state;
-        let stream = state
-            .streams
-            .get_mut(&id)
-            .ok_or_else(|| Status::internal("stream closed"))?;
+        let stream = state.streams.get_mut(&id).ok_or(QuotaError::StreamClosed)?;
         match &stream.domain {
             None => stream.domain = Some(domain.to_owned()),
             Some(d) if d != domain => {
-                return Err(Status::invalid_argument(format!(
-                    "a stream carries one domain: it started with '{d}', this report is for '{domain}'"
-                )));
+                return Err(QuotaError::OtherDomain {
+                    started: d.clone(),
+                    this: domain.to_owned(),
+                });
             }
             Some(_) => {}
         }

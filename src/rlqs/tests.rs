@@ -152,14 +152,14 @@ fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
     // Envoy's first report for a new bucket covers no time: alone, the
     // whole rate.
     let r = q
-        .report(a, &report(vec![usage(&key, 1, 0, 0)]))
+        .answer(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "20/1s max 20");
     let (b, mut rx_b) = q.open(Some("gateway-b")).expect("opens");
     // A second Envoy without a measured demand weighs as much as the
     // average one: half.
     let r = q
-        .report(b, &report(vec![usage(&key, 1, 0, 0)]))
+        .answer(b, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "10/1s max 10");
     tick(&q);
@@ -168,13 +168,13 @@ fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
     // Five seconds later: a offered 15/s, b 5/s.
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 50, 25, 5)]))
+        .answer(a, &report(vec![usage(&key, 50, 25, 5)]))
         .expect("present");
     // b has no rate yet: it weighs as much as the average client (15), but
     // pooled clients weigh at most a quarter of the rate (5): 15 of 20.
     assert_eq!(one(&r), "15/1s max 15");
     let r = q
-        .report(b, &report(vec![usage(&key, 25, 0, 5)]))
+        .answer(b, &report(vec![usage(&key, 25, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "5/1s max 5", "5 of 20");
     tick(&q);
@@ -183,19 +183,19 @@ fn the_rate_is_divided_by_demand_and_rebalanced_as_reports_arrive() {
     // Small moves do not hand Envoy a new (full) bucket.
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 5, 5)]))
+        .answer(a, &report(vec![usage(&key, 75, 5, 5)]))
         .expect("present");
     assert_eq!(one(&r), "15/1s max 15", "16 of 21 is within 10 % of 15");
     // b goes quiet: once its last report is stale, a takes the whole rate
     // and b is forgotten.
     clock.advance(Duration::from_secs(6));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 0, 5)]))
+        .answer(a, &report(vec![usage(&key, 75, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "15/1s max 15");
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 75, 0, 5)]))
+        .answer(a, &report(vec![usage(&key, 75, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "20/1s max 20");
     tick(&q);
@@ -215,46 +215,46 @@ fn an_idle_client_keeps_a_floor_and_a_named_client_keeps_its_share_across_reconn
     let key = [("api_key", "k1")];
     let (a, _rx_a) = q.open(Some("a")).expect("opens");
     let (b, _rx_b) = q.open(Some("b")).expect("opens");
-    q.report(a, &report(vec![usage(&key, 1, 0, 0)]))
+    q.answer(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
-    q.report(b, &report(vec![usage(&key, 1, 0, 0)]))
+    q.answer(b, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     clock.advance(Duration::from_secs(5));
-    q.report(a, &report(vec![usage(&key, 100, 0, 5)]))
+    q.answer(a, &report(vec![usage(&key, 100, 0, 5)]))
         .expect("present");
     clock.advance(Duration::from_millis(10));
     // b sent nothing: its weight is the floor, 5 % of 20/s = 1 of 21.
     let r = q
-        .report(b, &report(vec![usage(&key, 0, 0, 5)]))
+        .answer(b, &report(vec![usage(&key, 0, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "1/1s max 1");
     // b reconnects (a new stream, same name): its first report covers no
     // time, and it still has the share it had.
-    q.close(b);
+    q.close(b, q.now());
     let (b2, _rx) = q.open(Some("b")).expect("opens");
     // (Reports read a split at most 10 ms old.)
     clock.advance(Duration::from_millis(10));
     let r = q
-        .report(b2, &report(vec![usage(&key, 0, 0, 0)]))
+        .answer(b2, &report(vec![usage(&key, 0, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "1/1s max 1");
     // An anonymous stream's demand goes with it.
     let (c, _rx_c) = q.open(None).expect("opens");
     clock.advance(Duration::from_secs(1));
-    q.report(c, &report(vec![usage(&key, 0, 300, 5)]))
+    q.answer(c, &report(vec![usage(&key, 0, 300, 5)]))
         .expect("present");
     let r = q
-        .report(a, &report(vec![usage(&key, 20, 0, 1)]))
+        .answer(a, &report(vec![usage(&key, 20, 0, 1)]))
         .expect("present");
     assert_eq!(
         one(&r),
         "29/3s max 29",
         "a 20, b 1, c 60 counted as the rate (20): 20 x 20/41"
     );
-    q.close(c);
+    q.close(c, q.now());
     clock.advance(Duration::from_millis(10));
     let r = q
-        .report(a, &report(vec![usage(&key, 20, 0, 1)]))
+        .answer(a, &report(vec![usage(&key, 20, 0, 1)]))
         .expect("present");
     assert_eq!(one(&r), "19/1s max 19", "a 20, b 1: 20 x 20/21");
 }
@@ -265,13 +265,13 @@ fn a_spent_window_is_denied_until_it_ends() {
     let key = [("plan", "daily")];
     let (a, mut rx) = q.open(Some("a")).expect("opens");
     let r = q
-        .report(a, &report(vec![usage(&key, 1, 0, 0)]))
+        .answer(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     // 100 per minute: 5 per 3 seconds, holding the minute's 100.
     assert_eq!(one(&r), "5/3s max 100");
     clock.advance(Duration::from_secs(5));
     let r = q
-        .report(a, &report(vec![usage(&key, 99, 0, 5)]))
+        .answer(a, &report(vec![usage(&key, 99, 0, 5)]))
         .expect("present");
     assert_eq!(one(&r), "deny", "100 admitted in this minute");
     let json = q.to_json(10);
@@ -280,7 +280,7 @@ fn a_spent_window_is_denied_until_it_ends() {
     for _ in 0..10 {
         clock.advance(Duration::from_secs(5));
         let r = q
-            .report(a, &report(vec![usage(&key, 0, 10, 5)]))
+            .answer(a, &report(vec![usage(&key, 0, 10, 5)]))
             .expect("present");
         assert_eq!(one(&r), "deny");
     }
@@ -295,7 +295,7 @@ fn buckets_without_a_limit_and_special_limits() {
     let (q, _, _) = quotas(QuotaOptions::default());
     let (a, _rx) = q.open(None).expect("opens");
     let r = q
-        .report(
+        .answer(
             a,
             &report(vec![
                 usage(&[("nobody", "x")], 1, 0, 0),
@@ -316,7 +316,7 @@ fn buckets_without_a_limit_and_special_limits() {
     });
     let (a, _rx) = q.open(None).expect("opens");
     let r = q
-        .report(a, &report(vec![usage(&[("nobody", "x")], 1, 0, 0)]))
+        .answer(a, &report(vec![usage(&[("nobody", "x")], 1, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "deny");
 }
@@ -325,7 +325,7 @@ fn buckets_without_a_limit_and_special_limits() {
 fn a_reload_abandons_removed_buckets_and_pushes_changed_limits() {
     let (q, limiter, _) = quotas(QuotaOptions::default());
     let (a, mut rx) = q.open(Some("a")).expect("opens");
-    q.report(
+    q.answer(
         a,
         &report(vec![
             usage(&[("api_key", "k1")], 1, 0, 0),
@@ -362,21 +362,23 @@ fn hostile_reports_are_bounded() {
         // A name is cut to its first MAX_CLIENT_NAME characters.
         let (q, _, _) = quotas(QuotaOptions::default());
         let (id, _rx) = q.open(Some(&"é".repeat(100_000))).expect("opens");
-        q.report(id, &report(vec![usage(&[("api_key", "k")], 1, 0, 0)]))
+        q.answer(id, &report(vec![usage(&[("api_key", "k")], 1, 0, 0)]))
             .expect("answers");
         let json = q.to_json(1);
         let name = json["streams"][0]["client"].as_str().expect("name");
         assert_eq!(name.chars().count(), MAX_CLIENT_NAME);
     }
-    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(refused, QuotaError::TooManyStreams { open: 1 });
+    let status = tonic::Status::from(refused);
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert!(
-        refused.message().contains("--rlqs-max-streams"),
+        status.message().contains("--rlqs-max-streams"),
         "{}",
-        refused.message()
+        status.message()
     );
     let long = "x".repeat(17);
     let r = q
-        .report(
+        .answer(
             a,
             &report(vec![
                 usage(&[], 1, 0, 0),
@@ -400,7 +402,7 @@ fn hostile_reports_are_bounded() {
     );
     // One stream, one domain.
     let err = q
-        .report(
+        .answer(
             a,
             &RateLimitQuotaUsageReports {
                 domain: "other".into(),
@@ -408,12 +410,38 @@ fn hostile_reports_are_bounded() {
             },
         )
         .expect_err("an error");
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("one domain"), "{}", err.message());
+    assert_eq!(
+        err,
+        QuotaError::OtherDomain {
+            started: "rlqs".into(),
+            this: "other".into()
+        }
+    );
+    let status = tonic::Status::from(err);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("one domain"),
+        "{}",
+        status.message()
+    );
     let err = q
-        .report(a, &RateLimitQuotaUsageReports::default())
+        .answer(a, &RateLimitQuotaUsageReports::default())
         .expect_err("an error");
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err, QuotaError::NoDomain);
+    assert_eq!(
+        tonic::Status::from(err).code(),
+        tonic::Code::InvalidArgument
+    );
+    let err = q
+        .answer(
+            a,
+            &RateLimitQuotaUsageReports {
+                domain: "d".repeat(17),
+                bucket_quota_usages: vec![],
+            },
+        )
+        .expect_err("an error");
+    assert_eq!(err, QuotaError::DomainTooLong { bytes: 17, max: 16 });
 }
 
 #[test]
@@ -427,10 +455,10 @@ fn a_bucket_keeps_a_bounded_number_of_departed_clients() {
     for i in 0..MAX_DEPARTED + 5 {
         let (id, _rx) = q.open(Some(&format!("name-{i}"))).expect("opens");
         let r = q
-            .report(id, &report(vec![usage(&key, 1, 0, 5)]))
+            .answer(id, &report(vec![usage(&key, 1, 0, 5)]))
             .expect("answers");
         assert_eq!(actions(&r).len(), 1, "every report is answered");
-        q.close(id);
+        q.close(id, q.now());
     }
     let json = q.to_json(1);
     assert_eq!(
@@ -459,7 +487,7 @@ fn streams_sharing_a_name_are_clients_of_their_own() {
         .map(|_| q.open(Some("gateway-a")).expect("opens"))
         .collect();
     for (id, _) in &streams {
-        q.report(*id, &report(vec![usage(&key, 1, 0, 0)]))
+        q.answer(*id, &report(vec![usage(&key, 1, 0, 0)]))
             .expect("present");
     }
     clock.advance(Duration::from_secs(5));
@@ -467,7 +495,7 @@ fn streams_sharing_a_name_are_clients_of_their_own() {
     for (id, _) in &streams {
         clock.advance(Duration::from_millis(10));
         let r = q
-            .report(*id, &report(vec![usage(&key, 75, 0, 5)]))
+            .answer(*id, &report(vec![usage(&key, 75, 0, 5)]))
             .expect("present");
         total += rate_of(&one(&r));
     }
@@ -504,18 +532,18 @@ fn one_report_cannot_grab_a_bucket_or_spend_its_window() {
         let honest: Vec<_> = (0..2).map(|_| q.open(None).expect("opens")).collect();
         let (thief, _rx) = q.open(None).expect("opens");
         for (id, _) in &honest {
-            q.report(*id, &report(vec![usage(&key, 1, 0, 0)]))
+            q.answer(*id, &report(vec![usage(&key, 1, 0, 0)]))
                 .expect("present");
         }
-        q.report(thief, &report(vec![usage(&key, 1, 0, 0)]))
+        q.answer(thief, &report(vec![usage(&key, 1, 0, 0)]))
             .expect("present");
         clock.advance(Duration::from_secs(1));
-        q.report(thief, &report(vec![usage(&key, u64::MAX, u64::MAX, 1)]))
+        q.answer(thief, &report(vec![usage(&key, u64::MAX, u64::MAX, 1)]))
             .expect("present");
         for (id, _) in &honest {
             clock.advance(Duration::from_millis(10));
             let r = q
-                .report(*id, &report(vec![usage(&key, 10, 0, 1)]))
+                .answer(*id, &report(vec![usage(&key, 10, 0, 1)]))
                 .expect("present");
             let answer = one(&r);
             assert_ne!(answer, "deny", "{key:?}: one report spent the window");
@@ -542,17 +570,17 @@ fn buckets_nobody_reports_expire_and_junk_fills_nothing() {
     let nobody: Vec<BucketQuotaUsage> = (0..1_000)
         .map(|i| usage(&[("nobody", &i.to_string())], 1, 0, 0))
         .collect();
-    let r = q.report(junk, &report(nobody)).expect("present");
+    let r = q.answer(junk, &report(nobody)).expect("present");
     assert_eq!(r.actions.len(), 1_000, "every one answered");
     assert_eq!(q.to_json(0)["buckets_total"], 0, "none kept");
     // Matched buckets: at most 100 for one stream, 150 for all.
     let keys: Vec<BucketQuotaUsage> = (0..1_000)
         .map(|i| usage(&[("api_key", &format!("junk{i}"))], 1, 0, 0))
         .collect();
-    q.report(junk, &report(keys.clone())).expect("present");
+    q.answer(junk, &report(keys.clone())).expect("present");
     assert_eq!(q.to_json(0)["buckets_total"], 100);
     let (other, _rx) = q.open(None).expect("opens");
-    q.report(other, &report(keys)).expect("present");
+    q.answer(other, &report(keys)).expect("present");
     assert_eq!(q.to_json(0)["buckets_total"], 100);
     assert_eq!(q.to_json(0)["pairs"], 150, "the other stream holds 50");
     // Refused buckets take no bytes: what is held is the 100 kept ones.
@@ -571,7 +599,7 @@ fn buckets_nobody_reports_expire_and_junk_fills_nothing() {
     assert_eq!(q.to_json(0)["pairs"], 0);
     let (honest, _rx) = q.open(None).expect("opens");
     let r = q
-        .report(honest, &report(vec![usage(&[("api_key", "new")], 1, 0, 0)]))
+        .answer(honest, &report(vec![usage(&[("api_key", "new")], 1, 0, 0)]))
         .expect("present");
     assert_eq!(one(&r), "20/1s max 20");
 }
@@ -582,7 +610,7 @@ fn a_bucket_repeated_in_one_report_counts_once() {
     let (a, _rx) = q.open(None).expect("opens");
     let key = [("plan", "daily")];
     let repeated: Vec<BucketQuotaUsage> = (0..3_000).map(|_| usage(&key, 0, 1, 0)).collect();
-    let r = q.report(a, &report(repeated)).expect("present");
+    let r = q.answer(a, &report(repeated)).expect("present");
     assert_eq!(r.actions.len(), 1);
     let json = q.to_json(1);
     assert_eq!(
@@ -596,13 +624,13 @@ fn usage_counts_in_the_window_it_happened_in() {
     let (q, _, clock) = quotas(QuotaOptions::default());
     let key = [("plan", "daily")];
     let (a, _rx) = q.open(None).expect("opens");
-    q.report(a, &report(vec![usage(&key, 1, 0, 0)]))
+    q.answer(a, &report(vec![usage(&key, 1, 0, 0)]))
         .expect("present");
     // 99 more admitted in the last 5 s of the minute, reported 1 s into the
     // next one: 1 of those 6 s is in the new window.
     clock.advance(Duration::from_secs(61));
     let r = q
-        .report(a, &report(vec![usage(&key, 96, 0, 6)]))
+        .answer(a, &report(vec![usage(&key, 96, 0, 6)]))
         .expect("present");
     assert_ne!(one(&r), "deny", "charged to the window it happened in");
     assert_eq!(q.to_json(1)["buckets"][0]["window_used"], 16);
@@ -626,7 +654,7 @@ fn buckets_are_bounded_in_bytes_too() {
             )
         })
         .collect();
-    q.report(a, &report(big)).expect("present");
+    q.answer(a, &report(big)).expect("present");
     let json = q.to_json(0);
     let kept = json["buckets_total"].as_u64().expect("count");
     assert!((7..=9).contains(&kept), "{kept} buckets of 120 KB in 1 MB");

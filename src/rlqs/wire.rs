@@ -17,8 +17,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 
-use super::answer::{Action as Act, ActionKind, Answer, Entries};
+use super::answer::{Action as Act, ActionKind, Answer, Entries, Usage};
 use super::bucket::bucket_name;
+use super::error::QuotaError;
 use super::quotas::Quotas;
 use super::share::Assignment;
 
@@ -30,6 +31,21 @@ fn seconds(d: Duration) -> PbDuration {
 }
 
 impl Quotas {
+    /// Answers stream `id`'s usage report as it came off the wire: its
+    /// domain checked, its usages read (each bucket once), decided now.
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+    pub fn answer(
+        &self,
+        id: u64,
+        reports: &RateLimitQuotaUsageReports,
+    ) -> Result<Answer, QuotaError> {
+        self.metrics.reports.fetch_add(1, Ordering::Relaxed);
+        let domain = reports.domain.as_str();
+        self.check_domain(domain)?;
+        let usages = self.usages(domain, reports);
+        self.report(id, domain, usages, self.now())
+    }
+
     /// The bucket usages of a report, each bucket once (usages of one
     /// bucket added up, the longest elapsed time kept); usages with no id,
     /// or above the bounds, are counted as refused and left out.
@@ -171,19 +187,6 @@ fn wire_action(kind: &ActionKind, ttl: Duration) -> Action {
             strategy: Some(strategy),
         }),
     })
-}
-
-/// One bucket's usage in a report, its duplicates merged.
-#[derive(Debug)]
-pub(super) struct Usage {
-    /// The bucket's canonical name.
-    pub(super) name: Arc<str>,
-    /// Sorted by key.
-    pub(super) entries: Entries,
-    pub(super) allowed: u64,
-    pub(super) denied: u64,
-    /// Seconds the usage covers.
-    pub(super) elapsed: f64,
 }
 
 #[cfg(test)]

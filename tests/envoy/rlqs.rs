@@ -118,24 +118,24 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     let key = [("api_key", "k1")];
     let (a, _rx_a) = one.open(Some("gateway-a")).expect("opens");
     let (b, _rx_b) = two.open(Some("gateway-b")).expect("opens");
-    one.report(a, &report(&key, 1, 0, 0)).expect("present");
-    two.report(b, &report(&key, 1, 0, 0)).expect("present");
+    one.answer(a, &report(&key, 1, 0, 0)).expect("present");
+    two.answer(b, &report(&key, 1, 0, 0)).expect("present");
     clock.advance(Duration::from_secs(5));
     // gateway-a (on instance one) offers 15/s, gateway-b (on two) 5/s.
-    one.report(a, &report(&key, 50, 25, 5)).expect("present");
-    two.report(b, &report(&key, 25, 0, 5)).expect("present");
+    one.answer(a, &report(&key, 50, 25, 5)).expect("present");
+    two.answer(b, &report(&key, 25, 0, 5)).expect("present");
     // Each instance tells the store its clients' weight and learns the others'.
     one.tick().await;
     two.tick().await;
     one.tick().await;
     clock.advance(Duration::from_secs(5));
-    let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    let r = one.answer(a, &report(&key, 50, 25, 5)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "15/1s",
         "15 of 20 across both instances"
     );
-    let r = two.report(b, &report(&key, 25, 0, 5)).expect("present");
+    let r = two.answer(b, &report(&key, 25, 0, 5)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "5/1s",
@@ -145,12 +145,12 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     let plan = [("plan", "gold")];
     let (a2, _rx) = one.open(Some("gateway-a")).expect("opens");
     let (b2, _rx) = two.open(Some("gateway-b")).expect("opens");
-    one.report(a2, &report(&plan, 60, 0, 5)).expect("present");
-    let r = two.report(b2, &report(&plan, 30, 0, 5)).expect("present");
+    one.answer(a2, &report(&plan, 60, 0, 5)).expect("present");
+    let r = two.answer(b2, &report(&plan, 30, 0, 5)).expect("present");
     assert_ne!(assignment(&r.into_wire()), "deny", "90 of 100 so far");
     one.tick().await;
     two.tick().await;
-    let r = two.report(b2, &report(&plan, 10, 0, 1)).expect("present");
+    let r = two.answer(b2, &report(&plan, 10, 0, 1)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "deny",
@@ -158,7 +158,7 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     );
     two.tick().await;
     one.tick().await;
-    let r = one.report(a2, &report(&plan, 0, 5, 1)).expect("present");
+    let r = one.answer(a2, &report(&plan, 0, 5, 1)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "deny",
@@ -168,10 +168,10 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     drop(two);
     for _ in 0..4 {
         clock.advance(Duration::from_secs(5));
-        one.report(a, &report(&key, 100, 50, 5)).expect("present");
+        one.answer(a, &report(&key, 100, 50, 5)).expect("present");
         one.tick().await;
     }
-    let r = one.report(a, &report(&key, 100, 50, 5)).expect("present");
+    let r = one.answer(a, &report(&key, 100, 50, 5)).expect("present");
     assert_eq!(assignment(&r.into_wire()), "20/1s");
     // Every key the exchange wrote expires.
     let written = keys();
@@ -223,7 +223,7 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
         })
         .collect();
     let (j, _rx_j) = one.open(None).expect("opens");
-    one.report(
+    one.answer(
         j,
         &RateLimitQuotaUsageReports {
             domain: "rlqs".into(),
@@ -231,15 +231,15 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
         },
     )
     .expect("present");
-    one.report(a, &report(&key, 1, 0, 0)).expect("present");
-    two.report(b, &report(&key, 1, 0, 0)).expect("present");
+    one.answer(a, &report(&key, 1, 0, 0)).expect("present");
+    two.answer(b, &report(&key, 1, 0, 0)).expect("present");
     clock.advance(Duration::from_secs(5));
-    one.report(a, &report(&key, 50, 25, 5)).expect("present");
-    two.report(b, &report(&key, 25, 0, 5)).expect("present");
+    one.answer(a, &report(&key, 50, 25, 5)).expect("present");
+    two.answer(b, &report(&key, 25, 0, 5)).expect("present");
     // A poisoned count on a per-minute bucket.
     let plan = [("plan", "gold")];
     let (p, _rx_p) = two.open(None).expect("opens");
-    two.report(p, &report(&plan, u64::MAX, u64::MAX, 5))
+    two.answer(p, &report(&plan, u64::MAX, u64::MAX, 5))
         .expect("present");
     one.tick().await;
     two.tick().await;
@@ -256,7 +256,7 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
         assert_eq!(q.store_errors(), 0, "every exchange answered");
     }
     clock.advance(Duration::from_millis(10));
-    let r = one.report(a, &report(&key, 50, 25, 5)).expect("present");
+    let r = one.answer(a, &report(&key, 50, 25, 5)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "15/1s",
@@ -272,7 +272,7 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
     assert_eq!(used, ["100"], "the window's count");
     clock.advance(Duration::from_secs(60));
     two.tick().await;
-    let r = two.report(p, &report(&plan, 1, 0, 5)).expect("present");
+    let r = two.answer(p, &report(&plan, 1, 0, 5)).expect("present");
     assert_ne!(
         assignment(&r.into_wire()),
         "deny",
