@@ -399,3 +399,21 @@ fn a_flapping_rule_logs_its_restart_once_a_minute() {
         "logged again a minute later"
     );
 }
+
+/// A rule set replaced by a reload (or an xDS push) is freed once the
+/// requests planned from it are done: nothing in the limiter keeps it.
+#[tokio::test]
+async fn a_replaced_rule_set_is_released() {
+    let (l, _) = limiter();
+    let old = std::sync::Arc::downgrade(&l.rules());
+    let request = req(&[&[("ip", "1.2.3.4")]]);
+    decide(&l, &request).await;
+    l.set_rules(
+        RuleSet::from_yaml(
+            "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+        )
+        .expect("loads"),
+    );
+    assert!(old.upgrade().is_none(), "the old rule set is still held");
+    decide(&l, &request).await;
+}

@@ -333,6 +333,7 @@ fn a_reload_abandons_removed_buckets_and_pushes_changed_limits() {
         ]),
     )
     .expect("present");
+    let old = Arc::downgrade(&limiter.rules());
     limiter.set_rules(rules(
         "domain: rlqs
 descriptors:
@@ -341,6 +342,9 @@ descriptors:
 ",
     ));
     tick(&q);
+    // The quota service follows the reload at its tick and lets the
+    // replaced rule set go.
+    assert!(old.upgrade().is_none(), "the old rule set is still held");
     let pushed = pushed(&mut rx);
     assert_eq!(pushed["api_key=k1"], "8/1s max 8");
     assert_eq!(pushed["plan=daily"], "abandon");

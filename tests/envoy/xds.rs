@@ -309,6 +309,105 @@ async fn a_large_push_does_not_delay_the_probes() {
     );
 }
 
+/// Seven domains of 17,000 descriptors each (3.3 MB encoded), their values
+/// starting with `prefix`.
+fn large_set(prefix: &str) -> Vec<RateLimitConfig> {
+    (0..7)
+        .map(|d| RateLimitConfig {
+            name: format!("customers-{d}"),
+            domain: format!("d{d}"),
+            descriptors: (0..17_000)
+                .map(|i| RateLimitDescriptor {
+                    key: "customer".into(),
+                    value: format!("{prefix}-{i:05}"),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: RateLimitUnit::Minute as i32,
+                        requests_per_unit: 100 + i % 900,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// What a large set costs while it is in force, as a factor of its size,
+/// and that replaced sets do not pile up: two large sets alternate three
+/// times, then one small rule replaces them. (Each replaced set is freed,
+/// see `a_replaced_rule_set_is_released`; the allocator keeps the pages for
+/// the next set rather than giving them to the system.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_not_pile_up() {
+    let xds = XdsServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
+    )
+    .await;
+    let url = format!("http://{}", xds.addr);
+    let server = Tollgate::start("", &["--rules-xds", &url]);
+    xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
+        .await;
+    let pid = server.pid();
+    let settled = async |version: &str| {
+        xds.wait_for_within(
+            &format!("the ACK of {version}"),
+            Duration::from_secs(120),
+            |s| s.version_info == version,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss(pid)
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let small = rss(pid);
+    let bytes = large_set("a")
+        .iter()
+        .map(prost::Message::encoded_len)
+        .sum::<usize>() as u64;
+    let mut held = Vec::new();
+    for (n, prefix) in ["a", "b", "a"].iter().enumerate() {
+        let version = format!("v{}", n + 2);
+        xds.set(&version, large_set(prefix));
+        held.push(settled(&version).await);
+    }
+    xds.set("v9", vec![config("users", 2, RateLimitUnit::Hour)]);
+    let back = settled("v9").await;
+    let mb = |b: u64| b / 1_000_000;
+    let first = held[0].saturating_sub(small);
+    eprintln!(
+        "xds memory: a {bytes}-byte set; RSS {} MB with one rule, {:?} MB with large sets alternating ({}x the set), {} MB back on one rule",
+        mb(small),
+        held.iter().map(|&b| mb(b)).collect::<Vec<_>>(),
+        first / bytes,
+        mb(back)
+    );
+    assert!(
+        first <= 80 * bytes,
+        "a set costs {}x its size",
+        first / bytes
+    );
+    let last = held[2].saturating_sub(small);
+    assert!(
+        last <= first * 5 / 2,
+        "replaced sets pile up: {} MB after three pushes, {} MB after one",
+        mb(last),
+        mb(first)
+    );
+}
+
 /// The xDS version is the control plane's text: `/rlconfig` shows it escaped,
 /// so a newline in it cannot forge rule lines.
 #[tokio::test(flavor = "multi_thread")]
