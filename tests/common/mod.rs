@@ -400,3 +400,14 @@ pub mod gateway;
 pub mod redis;
 pub mod tls;
 pub mod xds;
+
+/// The resident memory of process `pid`, in bytes.
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::common::{Tollgate, wait_until};
+use crate::common::{Tollgate, rss, wait_until};
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
@@ -37,17 +37,6 @@ fn alone() -> MutexGuard<'static, ()> {
 
 const RLQS_PATH: &str =
     "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
-
-/// The resident memory of process `pid`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
-}
 
 /// A gRPC frame: uncompressed, with its length.
 fn grpc_frame(message: &[u8]) -> Bytes {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::common::envoy::http;
 use crate::common::tls::Pki;
 use crate::common::xds::{ServerTls, XdsServer};
-use crate::common::{Tollgate, ask, eventually, request};
+use crate::common::{Tollgate, ask, eventually, request, rss};
 use tollgate::test_util::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit};
 
 fn config(name: &str, limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
@@ -244,24 +244,7 @@ async fn a_large_push_does_not_delay_the_probes() {
     let server = Tollgate::start("", &["--rules-xds", &url]);
     xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
         .await;
-    let big: Vec<RateLimitConfig> = (0..7)
-        .map(|d| RateLimitConfig {
-            name: format!("customers-{d}"),
-            domain: format!("d{d}"),
-            descriptors: (0..17_000)
-                .map(|i| RateLimitDescriptor {
-                    key: "customer".into(),
-                    value: format!("cust-{i:05}"),
-                    rate_limit: Some(RateLimitPolicy {
-                        unit: RateLimitUnit::Minute as i32,
-                        requests_per_unit: 100 + i % 900,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
-        })
-        .collect();
+    let big = large_set("cust");
     let bytes: usize = big.iter().map(prost::Message::encoded_len).sum();
     assert!(bytes > 3_500_000 && bytes < 4 << 20, "{bytes} bytes");
     // Probe as the kubelet does, until the push is in force.
@@ -309,7 +292,7 @@ async fn a_large_push_does_not_delay_the_probes() {
     );
 }
 
-/// Seven domains of 17,000 descriptors each (3.3 MB encoded), their values
+/// Seven domains of 17,000 descriptors each (3.3-3.7 MB encoded), their values
 /// starting with `prefix`.
 fn large_set(prefix: &str) -> Vec<RateLimitConfig> {
     (0..7)
@@ -330,17 +313,6 @@ fn large_set(prefix: &str) -> Vec<RateLimitConfig> {
                 .collect(),
         })
         .collect()
-}
-
-/// The resident memory of process `pid`, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
 }
 
 /// What a large set costs while it is in force, as a factor of its size,

@@ -23,9 +23,14 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 const RULES: &str = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n";
 
 fn on(cluster: &RedisCluster) -> Tollgate {
+    on_with(cluster, RULES)
+}
+
+/// Tollgate with `rules` on `cluster`, failing closed.
+fn on_with(cluster: &RedisCluster, rules: &str) -> Tollgate {
     let urls = cluster.urls();
     Tollgate::start(
-        RULES,
+        rules,
         &[
             "--store",
             "redis-cluster",
@@ -393,18 +398,7 @@ async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let rules = "domain: m\ndescriptors:\n  - key: f\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: sliding_window}\n  - key: r\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: sliding_window}\n";
-    let urls = cluster.urls();
-    let server = Tollgate::start(
-        rules,
-        &[
-            "--store",
-            "redis-cluster",
-            "--redis-url",
-            &urls,
-            "--failure-mode",
-            "deny",
-        ],
-    );
+    let server = on_with(&cluster, rules);
     let tag = |kind: &str, name: &str| format!("{{m|{kind}={name}}}");
     let slot = slot_of(&tag("f", "u0"));
     // Eight names per kind in that slot: four asked from the start, four
