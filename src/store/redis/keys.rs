@@ -80,6 +80,7 @@ impl KeyNames {
     }
 
     /// Each key, the current window's first.
+    #[cfg(test)]
     pub(super) fn iter(&self) -> impl Iterator<Item = &str> {
         self.names[..self.len].iter().map(String::as_str)
     }

@@ -87,11 +87,10 @@ impl RedisStore {
             .map(|check| {
                 let mut invocation = self.inner.scripts.refund.prepare_invoke();
                 let window = check.quota.window_at(now);
-                for name in
-                    KeyNames::of(&self.inner.options.prefix, &check.key, window.index).iter()
-                {
-                    invocation.key(name);
-                }
+                // The counter the hits went to (see refund.lua).
+                invocation.key(
+                    KeyNames::of(&self.inner.options.prefix, &check.key, window.index).first(),
+                );
                 let period = (check.quota.period / NANOS_PER_TICK).max(1);
                 let interval = period / u64::from(check.quota.limit.max(1));
                 invocation

@@ -74,11 +74,9 @@ impl RedisStore {
             let mut k = 0;
             for &i in &group.checks {
                 let c = &checks[i];
-                let n = KeyNames::count(c.algorithm);
-                for key in &group.keys[k..k + n] {
-                    inv.key(key);
-                }
-                k += n;
+                // The counter the hits went to: the first of the check's keys.
+                inv.key(&group.keys[k]);
+                k += KeyNames::count(c.algorithm);
                 let committed = if c.outcome.is_some_and(|o| o.allowed) {
                     c.charge()
                 } else {
