@@ -387,8 +387,9 @@ async fn a_request_refused_because_one_of_its_slots_failed_spends_nothing_in_the
 /// A slot of 100,000 keys migrated live, 100 keys per `MIGRATE` (about the
 /// pace of `redis-cli --cluster reshard`), while requests for descriptors
 /// in that slot keep coming: fixed and sliding windows by the hour (their
-/// counts checked after), and sliding windows by the second (a new window
-/// every second, whose previous window may be on either node). Half the
+/// counts checked after), sliding windows by the second (a new window
+/// every second, whose previous window may be on either node), and a
+/// descriptor with two limits (a request of two checks, all or nothing). Half the
 /// names are asked first during the migration, so their keys are new on a
 /// migrating slot. Every answer must come from Redis, and every admitted
 /// hit must be counted once.
@@ -397,7 +398,7 @@ async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
     use crate::common::redis::slot_of;
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
-    let rules = "domain: m\ndescriptors:\n  - key: f\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: sliding_window}\n  - key: r\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: sliding_window}\n";
+    let rules = "domain: m\ndescriptors:\n  - key: f\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: sliding_window}\n  - key: r\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: sliding_window}\n  - key: w\n    rate_limits:\n      - {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}\n      - {unit: day, requests_per_unit: 1000000, algorithm: fixed_window}\n";
     let server = on_with(&cluster, rules);
     let tag = |kind: &str, name: &str| format!("{{m|{kind}={name}}}");
     let slot = slot_of(&tag("f", "u0"));
@@ -410,7 +411,7 @@ async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
             .take(8)
             .collect()
     };
-    let all: Vec<(&str, String)> = ["f", "s", "r"]
+    let all: Vec<(&str, String)> = ["f", "s", "r", "w"]
         .iter()
         .flat_map(|&k| names(k).into_iter().map(move |n| (k, n)))
         .collect();
@@ -494,8 +495,9 @@ async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
     );
     let refused: u64 = tally.values().map(|(_, r)| r).sum();
     assert_eq!(refused, 0, "failure-mode answers during the migration");
-    // Every admitted hit counted once, on whichever node its key is now.
-    for kind in ["f", "s"] {
+    // Every admitted hit counted once, on whichever node its key is now
+    // (twice for w: its two limits).
+    for (kind, limits) in [("f", 1), ("s", 1), ("w", 2)] {
         let counted: u64 = cluster
             .nodes
             .iter()
@@ -511,6 +513,10 @@ async fn a_live_migration_of_a_slot_of_100000_keys_is_decided_by_redis() {
                     .collect::<Vec<_>>()
             })
             .sum();
-        assert_eq!(counted, tally[kind].0, "{kind}: hits counted in Redis");
+        assert_eq!(
+            counted,
+            limits * tally[kind].0,
+            "{kind}: hits counted in Redis"
+        );
     }
 }
