@@ -6,10 +6,8 @@
 //! becomes the wire form (`wire.rs`) only when the stream sends it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::quotas::Quotas;
 use super::share::Assignment;
 
 /// A bucket's entries, sorted by key: shared by the bucket and every
@@ -45,35 +43,6 @@ impl Answer {
         Self {
             actions: Vec::with_capacity(capacity),
             ttl,
-        }
-    }
-}
-
-impl Quotas {
-    /// An assignment of the bucket with `entries`, counted as sent.
-    pub(super) fn action(&self, entries: &Entries, assignment: &Assignment) -> Action {
-        let sent = &self.metrics.assignments;
-        let counter = match assignment {
-            Assignment::TokenBucket { .. } => &sent.token_bucket,
-            Assignment::AllowAll => &sent.allow_all,
-            Assignment::DenyAll => &sent.deny_all,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Action {
-            bucket: entries.clone(),
-            kind: ActionKind::Assign(*assignment),
-        }
-    }
-
-    /// The bucket with `entries` is abandoned, counted as sent.
-    pub(super) fn abandon(&self, entries: &Entries) -> Action {
-        self.metrics
-            .assignments
-            .abandon
-            .fetch_add(1, Ordering::Relaxed);
-        Action {
-            bucket: entries.clone(),
-            kind: ActionKind::Abandon,
         }
     }
 }

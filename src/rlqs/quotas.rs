@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::answer::{Action, Answer, Usage};
+use super::answer::{Action, ActionKind, Answer, Entries, Usage};
 use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
 use super::error::QuotaError;
 use super::options::{MAX_CLIENT_NAME, QuotaOptions};
 use super::outbox::{Inbox, Outbox, outbox};
-use super::share;
+use super::share::{self, Assignment};
 use crate::clock::Nanos;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -419,5 +419,34 @@ impl Quotas {
             }
         }
         abandoned
+    }
+}
+
+impl Quotas {
+    /// An assignment of the bucket with `entries`, counted as sent.
+    pub(super) fn action(&self, entries: &Entries, assignment: &Assignment) -> Action {
+        let sent = &self.metrics.assignments;
+        let counter = match assignment {
+            Assignment::TokenBucket { .. } => &sent.token_bucket,
+            Assignment::AllowAll => &sent.allow_all,
+            Assignment::DenyAll => &sent.deny_all,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Action {
+            bucket: entries.clone(),
+            kind: ActionKind::Assign(*assignment),
+        }
+    }
+
+    /// The bucket with `entries` is abandoned, counted as sent.
+    pub(super) fn abandon(&self, entries: &Entries) -> Action {
+        self.metrics
+            .assignments
+            .abandon
+            .fetch_add(1, Ordering::Relaxed);
+        Action {
+            bucket: entries.clone(),
+            kind: ActionKind::Abandon,
+        }
     }
 }

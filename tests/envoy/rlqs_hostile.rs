@@ -138,12 +138,17 @@ async fn a_stream_that_never_reads_its_answers_is_ended_at_its_byte_bound() {
     }));
     sender.ready().await.expect("ready");
     let call = tokio::spawn(sender.send_request(quota_call(tollgate.addr, body)));
-    // Reports of 10 buckets with 4 KB values: each answer is over 40 KB.
+    // Reports of 10 new buckets each with 4 KB values: each answer is over
+    // 40 KB, and what waits (one action per bucket) grows by as much.
     for round in 0..50u64 {
         let usages = (0..10)
             .map(|i| BucketQuotaUsage {
                 bucket_id: Some(BucketId {
-                    bucket: [("api_key".to_string(), format!("{i}-{}", "x".repeat(4_000)))].into(),
+                    bucket: [(
+                        "api_key".to_string(),
+                        format!("{round}-{i}-{}", "x".repeat(4_000)),
+                    )]
+                    .into(),
                 }),
                 time_elapsed: Some(PbDuration {
                     seconds: 1,
