@@ -17,7 +17,7 @@ pub(crate) struct RlqsMetrics {
     pub buckets_refused: u64,
     pub streams_ended: u64,
     pub store_errors: u64,
-    /// Assignments sent, by action.
+    /// Assignments made for streams, by action.
     pub assignments: Assignments,
     /// Per (domain, rule): requests Envoy reported allowed and denied.
     pub requests: Vec<RuleRequests>,
@@ -26,7 +26,7 @@ pub(crate) struct RlqsMetrics {
     pub usage: Vec<RuleUsage>,
 }
 
-/// Assignments sent, by action.
+/// Assignments made for streams, by action.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Assignments {
     pub token_bucket: u64,
@@ -106,7 +106,11 @@ pub(crate) fn render(out: &mut Exposition<'_>, m: &RlqsMetrics) {
             m.store_errors,
         );
     let name = "tollgate_rlqs_assignments_total";
-    out.family(name, "Assignments sent, by action.", Kind::Counter);
+    out.family(
+        name,
+        "Assignments made for streams, by action.",
+        Kind::Counter,
+    );
     let a = m.assignments;
     for (action, n) in [
         ("token_bucket", a.token_bucket),

@@ -70,7 +70,7 @@ pub(crate) struct QuotaMetrics {
     /// `max_buckets`, `max_bucket_bytes`, `max_buckets_per_stream` or
     /// `max_pairs`.
     pub buckets_refused: AtomicU64,
-    /// Assignments sent, by action.
+    /// Assignments made for streams, by action.
     pub assignments: AssignmentCounters,
     /// Exchanges with the store that failed.
     pub store_errors: AtomicU64,
@@ -80,7 +80,7 @@ pub(crate) struct QuotaMetrics {
     pub streams_ended: AtomicU64,
 }
 
-/// Assignments sent, by action.
+/// Assignments made for streams, by action.
 #[derive(Debug, Default)]
 pub(crate) struct AssignmentCounters {
     pub token_bucket: AtomicU64,
