@@ -228,12 +228,9 @@ async fn without_waiting_it_is_ready_at_once_and_a_client_without_a_certificate_
     );
 }
 
-/// A large push (7 domains of 17,000 descriptors, about 3.9 MB, within the
-/// default --xds-max-message-bytes) is parsed and compiled off the runtime
-/// that answers the probes: /healthcheck keeps answering within 100 ms while
-/// it loads.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_large_push_does_not_delay_the_probes() {
+/// An xDS server holding one small rule as `v1`, and a Tollgate that has
+/// ACKed it.
+async fn serving_v1() -> (XdsServer, Tollgate) {
     let xds = XdsServer::start(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         None,
@@ -244,6 +241,16 @@ async fn a_large_push_does_not_delay_the_probes() {
     let server = Tollgate::start("", &["--rules-xds", &url]);
     xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
         .await;
+    (xds, server)
+}
+
+/// A large push (7 domains of 17,000 descriptors, about 3.9 MB, within the
+/// default --xds-max-message-bytes) is parsed and compiled off the runtime
+/// that answers the probes: /healthcheck keeps answering within 100 ms while
+/// it loads.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_push_does_not_delay_the_probes() {
+    let (xds, server) = serving_v1().await;
     let big = large_set("cust");
     let bytes: usize = big.iter().map(prost::Message::encoded_len).sum();
     assert!(bytes > 3_500_000 && bytes < 4 << 20, "{bytes} bytes");
@@ -322,16 +329,7 @@ fn large_set(prefix: &str) -> Vec<RateLimitConfig> {
 /// the next set rather than giving them to the system.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_not_pile_up() {
-    let xds = XdsServer::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        None,
-        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
-    )
-    .await;
-    let url = format!("http://{}", xds.addr);
-    let server = Tollgate::start("", &["--rules-xds", &url]);
-    xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
-        .await;
+    let (xds, server) = serving_v1().await;
     let pid = server.pid();
     let settled = async |version: &str| {
         xds.wait_for_within(
@@ -432,16 +430,7 @@ async fn a_nack_is_bounded_and_an_identical_one_is_logged_once() {
             }],
         )
     };
-    let xds = XdsServer::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        None,
-        Some(("v1".into(), vec![config("users", 2, RateLimitUnit::Hour)])),
-    )
-    .await;
-    let url = format!("http://{}", xds.addr);
-    let server = Tollgate::start("", &["--rules-xds", &url]);
-    xds.wait_for("the ACK of v1", |s| s.version_info == "v1")
-        .await;
+    let (xds, server) = serving_v1().await;
     for version in ["v2", "v3", "v4"] {
         let (v, configs) = bad(version);
         xds.set(&v, configs);
