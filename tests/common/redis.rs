@@ -19,11 +19,24 @@ fn require(program: &str) {
     );
 }
 
+/// A port free now and never handed out before in this test process: a
+/// server a test stopped leaves its port to the kernel, and a Tollgate still
+/// reconnecting to it must not find another test's Redis there (it would
+/// count its hits in that Redis).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no port free that this test process has not used already")
 }
 
 /// A `redis-server` on a free port, killed on drop.

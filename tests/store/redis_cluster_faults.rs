@@ -9,6 +9,7 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -232,7 +233,7 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
         let stop = stop.clone();
         let answered = answered.clone();
         streams.push(tokio::spawn(async move {
-            let (mut admitted, mut refused) = (0u64, 0u64);
+            let (mut admitted, mut refused) = (HashMap::<String, u64>::new(), 0u64);
             let mut i = s;
             while !stop.load(Ordering::Relaxed) {
                 let name = &users[i % users.len()];
@@ -240,7 +241,7 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
                     .await
                     .overall_code
                 {
-                    1 => admitted += 1,
+                    1 => *admitted.entry(name.clone()).or_default() += 1,
                     _ => refused += 1,
                 }
                 answered[s].fetch_add(1, Ordering::Relaxed);
@@ -286,12 +287,15 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
         "traffic after the reshard"
     );
     stop.store(true, Ordering::Relaxed);
-    let (mut admitted, mut refused) = (0, 0);
+    let (mut by_user, mut refused) = (HashMap::<String, u64>::new(), 0);
     for stream in streams {
         let (a, r) = stream.await.expect("stream");
-        admitted += a;
+        for (user, n) in a {
+            *by_user.entry(user).or_default() += n;
+        }
         refused += r;
     }
+    let admitted: u64 = by_user.values().sum();
     let moved = cluster.master_of(&tag(&watched));
     eprintln!(
         "reshard of 2000 slots: {admitted} admitted, {refused} refused; {watched} moved from node {from} to {moved}"
@@ -299,19 +303,44 @@ async fn a_live_reshard_of_sliding_windows_gets_no_failure_mode_answers() {
     assert_eq!(moved, to, "the slot moved");
     assert_eq!(refused, 0, "failure-mode answers during the reshard");
     assert_eq!(server.metric("tollgate_store_circuit_open_total"), 0);
-    // Every admitted request is counted once, wherever its key ended up.
-    let counted: u64 = cluster
-        .nodes
+    // Every admitted request is counted once, wherever its key ended up:
+    // per user, the hits on every node that holds one of its windows.
+    let mut counted: HashMap<String, Vec<(usize, String, u64)>> = HashMap::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        for key in node.cli(&["--scan", "--pattern", "*:sw:*"]).lines() {
+            if key.is_empty() {
+                continue;
+            }
+            let hits = node.cli(&["GET", key]).trim().parse::<u64>().unwrap_or(0);
+            let user = key
+                .split_once("user=")
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map_or("", |(user, _)| user);
+            counted
+                .entry(user.to_owned())
+                .or_default()
+                .push((n, key.to_owned(), hits));
+        }
+    }
+    let wrong: Vec<String> = by_user
         .iter()
-        .flat_map(|n| {
-            n.cli(&["--scan", "--pattern", "*:sw:*"])
-                .lines()
-                .filter(|k| !k.is_empty())
-                .map(|k| n.cli(&["GET", k]).trim().parse::<u64>().unwrap_or(0))
-                .collect::<Vec<_>>()
+        .filter_map(|(user, &admitted)| {
+            let keys = counted.get(user).map_or(&[][..], Vec::as_slice);
+            let hits: u64 = keys.iter().map(|(_, _, h)| h).sum();
+            (hits != admitted).then(|| {
+                let slot = slot(user);
+                format!("{user} (slot {slot}): {admitted} admitted, counted {keys:?}")
+            })
         })
-        .sum();
-    assert_eq!(counted, admitted, "hits counted in Redis");
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "hits counted in Redis differ from the admitted ones for {} users:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    let total: u64 = counted.values().flatten().map(|(_, _, h)| h).sum();
+    assert_eq!(total, admitted, "hits counted in Redis");
 }
 
 #[tokio::test(flavor = "multi_thread")]
