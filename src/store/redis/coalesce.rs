@@ -184,7 +184,7 @@ impl RedisStore {
         let timeout = self.inner.options.timeout;
         let queue = QUEUES.with(|q| {
             q.borrow_mut()
-                .entry((self.inner.id, slot))
+                .entry((self.inner.connections.id(), slot))
                 .or_default()
                 .clone()
         });

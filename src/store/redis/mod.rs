@@ -42,25 +42,30 @@ mod slots;
 mod views;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{Check, StoreError};
 use crate::clock::Nanos;
 use breaker::Breaker;
 pub use coalesce::BatchBounds;
+use conn::Connections;
+use error::redis_error;
 use events::Events;
 pub use events::RedisEvents;
+use keys::Slot;
 use options::config_error;
 pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
 pub use quota::{QuotaExchange, QuotaTotals};
+use redis::Value;
+use script::Invocation;
 use script::Scripts;
 
 struct Inner {
-    id: usize,
     options: RedisOptions,
+    /// This thread's connection, fresh ones for probes, Sentinel.
+    connections: Connections,
     scripts: Scripts,
-    breaker: Breaker,
+    breaker: Arc<Breaker>,
     /// Confirming PINGs and cancellations, for `/metrics`.
     events: Arc<Events>,
     /// Cluster routing: the slot map and each master's health.
@@ -68,10 +73,6 @@ struct Inner {
     over_limit: Option<OverLimitCache>,
     /// Local balances of leased keys (`consistency: leased`).
     leases: lease::Leases,
-    /// Behind Sentinel: the master's address last seen, and whether the
-    /// task that watches for it moving runs.
-    sentinel_master: parking_lot::Mutex<Option<String>>,
-    sentinel_watch: AtomicBool,
     /// The per-second pool: a store of its own for limits of one second.
     per_second: Option<RedisStore>,
 }
@@ -90,8 +91,6 @@ impl std::fmt::Debug for RedisStore {
             .finish_non_exhaustive()
     }
 }
-
-static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
 impl RedisStore {
     /// A store for `options`. Connects lazily; see [`RedisStore::ping`].
@@ -157,16 +156,14 @@ impl RedisStore {
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                connections: Connections::new(&options),
                 over_limit: options.over_limit_cache.then(OverLimitCache::default),
                 options,
                 scripts: Scripts::default(),
-                breaker: Breaker::default(),
+                breaker: Arc::default(),
                 events: Arc::default(),
                 cluster,
                 leases: lease::Leases::default(),
-                sentinel_master: parking_lot::Mutex::new(None),
-                sentinel_watch: AtomicBool::new(false),
                 per_second,
             }),
         })
@@ -200,6 +197,40 @@ impl RedisStore {
             .as_ref()
             .map(cluster::Cluster::open_masters)
             .unwrap_or_default()
+    }
+
+    /// Runs `inv`: on the server (standalone, or Sentinel's master), or on
+    /// the Cluster master serving `slot`.
+    async fn invoke(&self, slot: Slot, inv: &Invocation<'_>) -> Result<Value, StoreError> {
+        if self.inner.cluster.is_some() {
+            // Boxed: large, and Cluster only.
+            return Box::pin(self.invoke_cluster(slot, inv)).await;
+        }
+        let mut conn = self.inner.connections.shared(&self.inner.breaker).await?;
+        inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
+    }
+
+    /// Sends PING on this thread's connection (each master's, on a
+    /// Cluster), within the store's timeout; the per-second pool's too.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        if self.inner.cluster.is_some() {
+            Box::pin(self.ping_cluster()).await?;
+        } else {
+            self.inner.connections.ping(&self.inner.breaker).await?;
+        }
+        match &self.inner.per_second {
+            Some(per_second) => Box::pin(per_second.ping()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Connects afresh and sends PING, within the probe timeout (see
+    /// [`Connections::probe`]).
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        if self.inner.cluster.is_some() {
+            return Box::pin(self.ping_cluster()).await;
+        }
+        self.inner.connections.probe(&self.inner.breaker).await
     }
 
     /// Decides `checks` at `now`, all or nothing.

@@ -68,12 +68,14 @@ impl RedisStore {
         let prefix_len = self.inner.options.prefix.len();
         let mut found = Vec::new();
         let conns = match &self.inner.cluster {
-            None => vec![self.conn().await?],
+            None => vec![self.inner.connections.shared(&self.inner.breaker).await?],
             Some(cluster) => {
                 let mut conns = Vec::new();
                 for node in cluster.masters() {
                     conns.push(
-                        self.conn_to(node.id, node.breaker.generation(), &node.url)
+                        self.inner
+                            .connections
+                            .shared_to(node.id, node.breaker.generation(), &node.url)
                             .await?,
                     );
                 }
@@ -91,7 +93,7 @@ impl RedisStore {
                     .arg("COUNT")
                     .arg(SCAN_COUNT);
                 let scan = command.query_async::<(u64, Vec<String>)>(&mut conn);
-                let (next, names) = self.timed(scan).await?;
+                let (next, names) = self.inner.connections.timed(scan).await?;
                 for name in names {
                     let Some((_, entries)) = descriptor_of(&name[prefix_len.min(name.len())..])
                     else {

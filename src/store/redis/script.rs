@@ -330,7 +330,7 @@ impl RedisStore {
             }
             cancel.arg(ttl.as_millis() as u64);
             let options = &store.inner.options;
-            let within = store.probe_within();
+            let within = store.inner.connections.probe_within();
             let until = tokio::time::Instant::now() + CANCEL_FOR;
             loop {
                 if !store.slot_open(slot) {

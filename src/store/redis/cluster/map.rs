@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use redis::Value;
 
-use super::super::NEXT_ID;
 use super::super::breaker::Breaker;
+use super::super::conn::cache_id;
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16_384;
@@ -95,7 +95,7 @@ impl Cluster {
             .entry(addr.to_owned())
             .or_insert_with(|| {
                 Arc::new(Node {
-                    id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                    id: cache_id(),
                     addr: addr.to_owned(),
                     url: node_url(&self.seeds[0], addr),
                     breaker: Breaker::default(),

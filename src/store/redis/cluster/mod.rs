@@ -100,7 +100,9 @@ impl RedisStore {
                 return Err(StoreError::CircuitOpen);
             }
             let mut conn = self
-                .conn_to(node.id, node.breaker.generation(), &node.url)
+                .inner
+                .connections
+                .shared_to(node.id, node.breaker.generation(), &node.url)
                 .await?;
             let mut pending = Pending {
                 store: self,
@@ -256,7 +258,7 @@ impl RedisStore {
         }
         let mut seen = std::collections::HashSet::new();
         urls.retain(|(addr, _)| seen.insert(addr.clone()));
-        let within = self.probe_within();
+        let within = self.inner.connections.probe_within();
         let asks = urls.iter().map(|(addr, url)| {
             Box::pin(async move {
                 let reply = tokio::time::timeout(within, self.cluster_slots(url, within))
@@ -285,7 +287,7 @@ impl RedisStore {
 
     /// `CLUSTER SLOTS` from the node at `url`, on a connection of its own.
     async fn cluster_slots(&self, url: &str, within: Duration) -> Result<Value, RedisError> {
-        let mut conn = self.fresh_connection(url, within).await?;
+        let mut conn = self.inner.connections.fresh_to(url, within).await?;
         redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut conn)
@@ -294,9 +296,9 @@ impl RedisStore {
 
     /// PING to one node on a connection of its own, within the probe timeout.
     async fn probe_node(&self, node: &Node) -> Result<(), StoreError> {
-        let within = self.probe_within();
+        let within = self.inner.connections.probe_within();
         let ping = async {
-            let mut conn = self.fresh_connection(&node.url, within).await?;
+            let mut conn = self.inner.connections.fresh_to(&node.url, within).await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await
         };
         match tokio::time::timeout(within, ping).await {
