@@ -5,7 +5,7 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
-use crate::common::{Tollgate, ask, descriptor, request};
+use crate::common::{Served, Tollgate, ask, descriptor, request};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -38,7 +38,7 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 
 #[tokio::test]
 async fn statuses_follow_the_request_and_carry_limits() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let r = ask(
         &mut client,
@@ -69,7 +69,7 @@ async fn statuses_follow_the_request_and_carry_limits() {
 
 #[tokio::test]
 async fn over_limit_blocks_and_spends_nothing_from_other_descriptors() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let both = request("gw", &[&[("org", "acme")], &[("user", "ann")]]);
     for _ in 0..3 {
@@ -96,7 +96,7 @@ async fn over_limit_blocks_and_spends_nothing_from_other_descriptors() {
 
 #[tokio::test]
 async fn shadow_mode_never_blocks() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     for _ in 0..5 {
         let r = ask(&mut client, request("gw", &[&[("watch", "w")]])).await;
@@ -107,7 +107,7 @@ async fn shadow_mode_never_blocks() {
 
 #[tokio::test]
 async fn hits_addend_at_request_and_descriptor_level() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let mut r = request("gw", &[&[("bucket", "b")]]);
     r.hits_addend = 3;
@@ -137,7 +137,7 @@ async fn hits_addend_at_request_and_descriptor_level() {
 
 #[tokio::test]
 async fn the_limit_override_replaces_the_rule() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let mut d = descriptor(&[("user", "over")]);
     d.limit = Some(RateLimitOverride {
@@ -158,7 +158,7 @@ async fn the_limit_override_replaces_the_rule() {
 
 #[tokio::test]
 async fn malformed_requests_get_invalid_argument_with_a_reason() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let mut bad_unit = request("gw", &[&[("user", "x")]]);
     bad_unit.descriptors[0].limit = Some(RateLimitOverride {

@@ -9,9 +9,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::common::envoy::{http, http_with_body};
+use crate::common::envoy::http;
 use crate::common::redis::RedisServer;
-use crate::common::{Tollgate, ask, descriptor, request, run_briefly, wait_until};
+use crate::common::{Served, Tollgate, ask, descriptor, request, run_briefly, wait_until};
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -126,7 +126,7 @@ fn frame(message: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn oversized_requests_are_refused_naming_the_bound() {
-    let server = Tollgate::start(RULES, &["--max-request-bytes", "200000"]);
+    let server = Served::start(RULES, &["--max-request-bytes", "200000"]);
     let mut client = server.client().await;
     let many = RateLimitRequest {
         domain: "gw".into(),
@@ -188,7 +188,7 @@ async fn oversized_requests_are_refused_naming_the_bound() {
         .map(|i| format!(r#"{{"entries":[{{"key":"user","value":"{i}"}}]}}"#))
         .collect();
     let body = format!(r#"{{"domain":"gw","descriptors":[{}]}}"#, entries.join(","));
-    let r = http_with_body(server.admin, "POST", "/json", JSON, &body).expect("answer");
+    let r = server.http("POST", "/json", JSON, &body).await;
     assert_eq!(r.status, 400);
     assert!(r.body.contains("--max-descriptors"), "{}", r.body);
 
@@ -199,7 +199,7 @@ async fn oversized_requests_are_refused_naming_the_bound() {
 
 #[tokio::test]
 async fn malformed_bodies_and_content_types_are_the_clients_error() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     // Field 1 (domain) as a length-delimited string of 100 bytes, cut short.
     let garbage = frame(&[0x0a, 100, b'g', b'w']);
     let (status, grpc) = raw_call(server.addr, "application/grpc", garbage, false).await;
@@ -242,14 +242,14 @@ async fn malformed_bodies_and_content_types_are_the_clients_error() {
     // An out-of-range numeric unit on /json is refused, not truncated.
     let body = r#"{"domain":"gw","descriptors":[{"entries":[{"key":"user","value":"u"}],
         "limit":{"requestsPerUnit":5,"unit":4294967298}}]}"#;
-    let r = http_with_body(server.admin, "POST", "/json", JSON, body).expect("answer");
+    let r = server.http("POST", "/json", JSON, body).await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("unit"), "{}", r.body);
 }
 
 #[tokio::test]
 async fn a_stream_that_never_ends_is_cut_at_the_request_timeout() {
-    let server = Tollgate::start(RULES, &["--request-timeout", "300ms"]);
+    let server = Served::start(RULES, &["--request-timeout", "300ms"]);
     let message = frame(&[0x0a, 2, b'g', b'w']);
     // Announce a longer message than is sent, and never end the stream.
     let mut partial = message.clone();
@@ -270,7 +270,7 @@ async fn a_stream_that_never_ends_is_cut_at_the_request_timeout() {
 /// is closed (issue 22: neither reset nor ended after 60 s).
 #[tokio::test]
 async fn a_client_that_never_reads_its_answer_is_cut_off() {
-    let server = Tollgate::start(RULES, &["--request-timeout", "300ms"]);
+    let server = Served::start(RULES, &["--request-timeout", "300ms"]);
     let tcp = tokio::net::TcpStream::connect(server.addr)
         .await
         .expect("connect");
@@ -305,12 +305,8 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
 /// Tollgate in this process on this test's paused clock (see
 /// `tollgate::test_util::InProcess`), serving [`RULES`].
 fn in_process(args: &[&str]) -> (InProcess, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).expect("rules");
-    let rules = rules.to_str().expect("utf-8").to_owned();
-    let args = [&["--rules", rules.as_str()][..], args].concat();
-    (InProcess::start(&args).expect("starts"), dir)
+    let served = Served::start(RULES, args);
+    (served.server, served.dir)
 }
 
 /// Whether the server closes `stream` (EOF or reset) within `within`, on
@@ -551,7 +547,7 @@ async fn admin_listeners_share_their_bound_and_its_idle_connections() {
 
 #[tokio::test]
 async fn metric_label_sets_from_requests_are_capped_and_cut() {
-    let server = Tollgate::start(
+    let server = Served::start(
         RULES,
         &["--max-metric-series", "5", "--max-label-bytes", "16"],
     );
@@ -567,7 +563,7 @@ async fn metric_label_sets_from_requests_are_capped_and_cut() {
     let long = "y".repeat(1000);
     ask(&mut client, request("gw", &[&[("detail", &long)]])).await;
     ask(&mut client, request("gw", &[&[("ip", "10.0.0.1")]])).await;
-    let body = server.metrics();
+    let body = server.metrics().await;
     let series: Vec<&str> = body
         .lines()
         .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
@@ -600,7 +596,7 @@ async fn metric_label_sets_from_requests_are_capped_and_cut() {
 
 #[tokio::test]
 async fn limits_of_zero_and_unlimited_rules_answer_like_the_reference() {
-    let server = Tollgate::start(RULES, &[]);
+    let server = Served::start(RULES, &[]);
     let mut client = server.client().await;
     let closed = ask(&mut client, request("gw", &[&[("closed", "x")]])).await;
     assert_eq!(closed.overall_code, Code::OverLimit as i32);

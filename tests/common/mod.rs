@@ -176,6 +176,87 @@ impl Drop for Tollgate {
     }
 }
 
+/// Tollgate served inside the test's own process and runtime (the memory
+/// store; see `tollgate::test_util::InProcess`): for tests about what it
+/// answers rather than about the process (signals, argv0, environment,
+/// logs). The same surface as [`Tollgate`] where the two meet; blocking HTTP
+/// calls go through [`Served::http`], off the runtime the server runs on.
+pub struct Served {
+    pub server: tollgate::test_util::InProcess,
+    pub addr: SocketAddr,
+    /// Admin HTTP.
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Serves `rules` (YAML text) with extra arguments, on the current
+    /// runtime (with a paused clock, every timer of the server on it).
+    pub fn start(rules: &str, args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(&path, rules).expect("write rules");
+        let path = path.to_str().expect("utf-8").to_owned();
+        let args = [&["--rules", path.as_str()][..], args].concat();
+        let server = tollgate::test_util::InProcess::start(&args).expect("starts");
+        Served {
+            addr: server.grpc,
+            admin: server.admin,
+            server,
+            dir,
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to tollgate")
+    }
+
+    /// An HTTP/1.1 call to the admin port, made on a blocking thread so the
+    /// server keeps running on this one.
+    pub async fn http(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> envoy::Response {
+        let (admin, method, path, body) = (
+            self.admin,
+            method.to_owned(),
+            path.to_owned(),
+            body.to_owned(),
+        );
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            envoy::http_with_body(admin, &method, &path, &headers, &body)
+        })
+        .await
+        .expect("the call's thread")
+        .expect("an answer")
+    }
+
+    /// The admin port's `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.http("GET", "/metrics", &[], "").await.body
+    }
+
+    /// One sample of the admin port's `/metrics` (see [`sample`]); fails
+    /// the test when it is absent.
+    pub async fn metric(&self, series: &str) -> u64 {
+        let body = self.metrics().await;
+        sample(&body, series).unwrap_or_else(|| panic!("{series} not in /metrics:\n{body}")) as u64
+    }
+}
+
 /// The next whole hour of the wall clock, in nanoseconds: a manual clock
 /// started there has windows that line up, and expiries it sets are in
 /// Redis's future.

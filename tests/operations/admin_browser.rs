@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::envoy::http;
-use crate::common::{Tollgate, ask, request};
+use crate::common::{Served, Tollgate, ask, request};
 
 const RULES: &str =
     "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
@@ -100,13 +100,14 @@ fetch("http://{admin}/json", {{method: "POST", mode: "no-cors", headers: {{"Cont
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn requests_naming_another_host_and_cross_site_posts_are_refused() {
-    let server = Tollgate::start(RULES, &["--admin-hosts", "tollgate.example"]);
+    let server = Served::start(RULES, &["--admin-hosts", "tollgate.example"]);
     let admin = server.admin;
     // DNS rebinding: the browser sends the attacker's name as Host.
-    let rebound =
-        http(admin, "GET", "/rlconfig", &[("Host", "evil.example:6070")]).expect("answer");
+    let rebound = server
+        .http("GET", "/rlconfig", &[("Host", "evil.example:6070")], "")
+        .await;
     assert_eq!(rebound.status, 421, "{}", rebound.body);
     assert!(rebound.body.contains("--admin-hosts"), "{}", rebound.body);
     for host in [
@@ -114,7 +115,9 @@ async fn requests_naming_another_host_and_cross_site_posts_are_refused() {
         "localhost".into(),
         "Tollgate.Example:6070".into(),
     ] {
-        let r = http(admin, "GET", "/rlconfig", &[("Host", &host)]).expect("answer");
+        let r = server
+            .http("GET", "/rlconfig", &[("Host", &host)], "")
+            .await;
         assert_eq!(r.status, 200, "{host}: {}", r.body);
     }
     // A cross-site POST, even as JSON (a preflight the browser would send
@@ -124,28 +127,24 @@ async fn requests_naming_another_host_and_cross_site_posts_are_refused() {
         ("Origin", "http://evil.example"),
     ];
     let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
-    let r =
-        crate::common::envoy::http_with_body(admin, "POST", "/json", &json, body).expect("answer");
+    let r = server.http("POST", "/json", &json, body).await;
     assert_eq!(r.status, 403, "{}", r.body);
     let plain = [("Content-Type", "text/plain")];
-    let r =
-        crate::common::envoy::http_with_body(admin, "POST", "/json", &plain, body).expect("answer");
+    let r = server.http("POST", "/json", &plain, body).await;
     assert_eq!(r.status, 415, "{}", r.body);
     // The operator's own call (curl sends no Origin) works, and spends.
     let ok = [("Content-Type", "application/json")];
-    let r =
-        crate::common::envoy::http_with_body(admin, "POST", "/json", &ok, body).expect("answer");
+    let r = server.http("POST", "/json", &ok, body).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(server.metric("tollgate_admin_refused_total"), 3);
+    assert_eq!(server.metric("tollgate_admin_refused_total").await, 3);
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn json_can_be_turned_off() {
-    let server = Tollgate::start(RULES, &["--admin-json", "off"]);
+    let server = Served::start(RULES, &["--admin-json", "off"]);
     let ok = [("Content-Type", "application/json")];
     let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
-    let r = crate::common::envoy::http_with_body(server.admin, "POST", "/json", &ok, body)
-        .expect("answer");
+    let r = server.http("POST", "/json", &ok, body).await;
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(r.body.contains("--admin-json off"), "{}", r.body);
 }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::common::envoy::http;
-use crate::common::{Tollgate, ask, request};
+use crate::common::{Served, Tollgate, ask, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIVE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
@@ -115,10 +115,10 @@ async fn candidate_rules_count_what_they_would_refuse_and_never_answer() {
     assert!(server.log_count("candidate.yaml") > 0);
 }
 
-#[test]
-fn without_candidate_rules_the_endpoint_says_how_to_get_them() {
-    let server = Tollgate::start(LIVE, &[]);
-    let reply = http(server.admin, "GET", "/candidate", &[]).expect("candidate");
+#[tokio::test]
+async fn without_candidate_rules_the_endpoint_says_how_to_get_them() {
+    let server = Served::start(LIVE, &[]);
+    let reply = server.http("GET", "/candidate", &[], "").await;
     assert_eq!(reply.status, 404);
     assert!(reply.body.contains("--candidate-rules"), "{}", reply.body);
 }

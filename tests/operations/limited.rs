@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::common::envoy::{Response, http, http_with_body};
 use crate::common::redis::{RedisCluster, RedisServer};
-use crate::common::{Tollgate, ask, request};
+use crate::common::{Served, Tollgate, ask, request};
 
 const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 const TOKEN: &str = "ops:0123456789abcdef0123";
@@ -236,24 +236,19 @@ async fn the_view_inspect_and_reset_on_redis_cluster() {
 
 #[tokio::test]
 async fn resets_are_off_without_a_token_file() {
-    let server = Tollgate::start(RULES, &[]);
-    let r = post(
-        server.admin,
-        "/counters/reset",
-        &[("Authorization", BEARER)],
-        &client_body("ann"),
-    );
+    let server = Served::start(RULES, &[]);
+    let body = client_body("ann").to_string();
+    let json = [
+        ("Content-Type", "application/json"),
+        ("Authorization", BEARER),
+    ];
+    let r = server.http("POST", "/counters/reset", &json, &body).await;
     assert_eq!(r.status, 403);
     assert!(r.body.contains("--admin-token-file"), "{}", r.body);
     // Cross-site pages cannot reach it: a body that is not JSON is refused.
-    let r = http_with_body(
-        server.admin,
-        "POST",
-        "/counters",
-        &[("Content-Type", "text/plain")],
-        "{}",
-    )
-    .expect("admin");
+    let r = server
+        .http("POST", "/counters", &[("Content-Type", "text/plain")], "{}")
+        .await;
     assert_eq!(r.status, 415);
 }
 

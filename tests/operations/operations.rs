@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::envoy::{http, http_with_body};
+use crate::common::envoy::http;
 use crate::common::redis::RedisServer;
-use crate::common::{Tollgate, ask, eventually, metric_sum, request};
+use crate::common::{Served, Tollgate, ask, eventually, metric_sum, request};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
@@ -267,30 +267,17 @@ async fn healthcheck_reports_a_store_outage_and_fails_while_shutting_down() {
     assert!(exit.success());
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn json_answers_200_429_and_400() {
-    let server = Tollgate::start(&rules(1), &[]);
+    let server = Served::start(&rules(1), &[]);
     let body = r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
-    let ok = http_with_body(
-        server.admin,
-        "POST",
-        "/json",
-        &[("Content-Type", "application/json")],
-        body,
-    )
-    .expect("answer");
+    let json = [("Content-Type", "application/json")];
+    let ok = server.http("POST", "/json", &json, body).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     let v: serde_json::Value = serde_json::from_str(&ok.body).expect("JSON");
     assert_eq!(v["overallCode"], "OK");
     assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 1);
-    let over = http_with_body(
-        server.admin,
-        "POST",
-        "/json",
-        &[("Content-Type", "application/json")],
-        body,
-    )
-    .expect("answer");
+    let over = server.http("POST", "/json", &json, body).await;
     assert_eq!(over.status, 429);
     assert!(over.body.contains("OVER_LIMIT"));
     for bad in [
@@ -298,18 +285,11 @@ async fn json_answers_200_429_and_400() {
         r#"{"domain":"ops","descriptors":[{"entries":[{"key":"user","value":"j","extra":1}]}]}"#,
         r#"{"domain":"","descriptors":[]}"#,
     ] {
-        let r = http_with_body(
-            server.admin,
-            "POST",
-            "/json",
-            &[("Content-Type", "application/json")],
-            bad,
-        )
-        .expect("answer");
+        let r = server.http("POST", "/json", &json, bad).await;
         assert_eq!(r.status, 400, "{bad}");
         assert!(!r.body.trim().is_empty(), "a reason is given");
     }
-    let config = http(server.admin, "GET", "/rlconfig", &[]).expect("answer");
+    let config = server.http("GET", "/rlconfig", &[], "").await;
     for line in [
         "ops.user: 1 per hour",
         "ops.plan: 50 per 5minute (sliding_window), name burst, quota mode",
@@ -462,16 +442,17 @@ async fn every_metric_in_the_readme_and_the_dashboard_appears_after_traffic() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn global_shadow_mode_reports_ok_and_counts() {
-    let server = Tollgate::start(&rules(1), &["--shadow-mode"]);
+    let server = Served::start(&rules(1), &["--shadow-mode"]);
     let mut client = server.client().await;
     for _ in 0..3 {
         let r = ask(&mut client, request("ops", &[&[("user", "s")]])).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
     }
+    let body = server.metrics().await;
     assert_eq!(
-        metric(&server, "ratelimit_service_rate_limit_shadow_mode"),
+        metric_sum(&body, "ratelimit_service_rate_limit_shadow_mode"),
         2.0
     );
 }
