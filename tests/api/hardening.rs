@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::envoy::http;
 use crate::common::redis::RedisServer;
-use crate::common::{Served, Tollgate, ask, descriptor, request, run_briefly, wait_until};
+use crate::common::{
+    Served, Tollgate, ask, descriptor, eventually, holds_within, request, run_briefly, wait_until,
+};
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -494,22 +496,15 @@ async fn connections_past_the_limit_are_closed_and_room_comes_back() {
         "the third was never counted"
     );
     held.clear();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let room = eventually(Duration::from_secs(5), async || {
         let mut client = server.client().await;
-        if client
+        client
             .should_rate_limit(request("gw", &[&[("user", "b")]]))
             .await
             .is_ok()
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "room came back once the others closed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(room, "room came back once the others closed");
     assert_eq!(
         server.log_count("connection limit reached"),
         1,
@@ -635,20 +630,13 @@ async fn a_store_outage_fails_health_only_when_errors_are_the_answer() {
     );
     let health = || http(server.admin, "GET", "/healthcheck", &[]).expect("answer");
     let within = |status: u16| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let r = health();
-            if r.status == status {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "health stayed {}: {}",
-                r.status,
-                r.body
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut last = health();
+        let reached = holds_within(Duration::from_secs(10), || {
+            last = health();
+            last.status == status
+        });
+        assert!(reached, "health stayed {}: {}", last.status, last.body);
+        last
     };
     within(200);
     redis.kill();

@@ -313,10 +313,21 @@ impl Run {
 
 /// Polls `done` every 20 ms until it holds; fails the test, naming `what`,
 /// after `within`.
-pub fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, within: Duration, done: impl FnMut() -> bool) {
+    assert!(holds_within(within, done), "{what} within {within:?}");
+}
+
+/// Polls `done` every 20 ms until it holds, for at most `within` (on this
+/// thread: for tests with no runtime); whether it did.
+pub fn holds_within(within: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::common::envoy::http;
 use crate::common::redis::free_port;
 use crate::common::tls::{Pki, client_config, tls_call};
-use crate::common::{Tollgate, request};
+use crate::common::{Tollgate, holds_within, request};
 
 const RULES: &str = "domain: t
 descriptors:
@@ -33,13 +33,11 @@ fn run_as_reference(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("ratelimit {args:?} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if !holds_within(Duration::from_secs(20), || {
+        child.try_wait().expect("wait").is_some()
+    }) {
+        let _ = child.kill();
+        panic!("ratelimit {args:?} kept running");
     }
     let out = child.wait_with_output().expect("output");
     (

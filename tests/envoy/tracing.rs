@@ -10,10 +10,10 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::redis::RedisServer;
-use crate::common::{Tollgate, request};
+use crate::common::{Tollgate, eventually, request};
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
@@ -163,18 +163,13 @@ async fn call_with(server: &Tollgate, header: (&'static str, &str), user: &str) 
 }
 
 async fn wait_for(spans: &Spans, count: usize) -> Vec<Received> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let got = spans.lock().expect("spans").clone();
-        if got.len() >= count {
-            return got;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{count} spans within 15 s; got {got:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let arrived = eventually(Duration::from_secs(15), async || {
+        spans.lock().expect("spans").len() >= count
+    })
+    .await;
+    let got = spans.lock().expect("spans").clone();
+    assert!(arrived, "{count} spans within 15 s; got {got:#?}");
+    got
 }
 
 fn attribute<'a>(span: &'a Received, key: &str) -> Option<&'a str> {

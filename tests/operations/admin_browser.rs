@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::envoy::http;
-use crate::common::{Served, Tollgate, ask, request};
+use crate::common::{Served, Tollgate, ask, eventually, request};
 
 const RULES: &str =
     "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
@@ -89,15 +89,15 @@ fetch("http://{admin}/json", {{method: "POST", mode: "no-cors", headers: {{"Cont
         "ann's budget was not spent by the page"
     );
     // Both requests reached the admin port and were refused.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while server.metric("tollgate_admin_refused_total") < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the browser's requests were refused: {} seen",
-            server.metric("tollgate_admin_refused_total")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let refused = eventually(Duration::from_secs(5), async || {
+        server.metric("tollgate_admin_refused_total") >= 2
+    })
+    .await;
+    assert!(
+        refused,
+        "the browser's requests were refused: {} seen",
+        server.metric("tollgate_admin_refused_total")
+    );
 }
 
 #[tokio::test]

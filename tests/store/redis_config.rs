@@ -8,12 +8,12 @@
 #![allow(clippy::expect_used)]
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::envoy::http;
 use crate::common::redis::free_port;
 use crate::common::tls::Pki;
-use crate::common::{Tollgate, ask, request};
+use crate::common::{Tollgate, ask, holds_within, request};
 
 const RULES: &str =
     "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
@@ -76,14 +76,7 @@ fn health(server: &Tollgate) -> (u16, String) {
 /// Waits (2 s at most) until a stderr line contains `needle`: lines are
 /// read on a thread of their own, after the server says it listens.
 fn logged(server: &Tollgate, needle: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while server.log_count(needle) == 0 {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
+    holds_within(Duration::from_secs(2), || server.log_count(needle) > 0)
 }
 
 fn logs(server: &Tollgate) -> String {

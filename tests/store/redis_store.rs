@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::redis::{RedisCluster, RedisServer};
-use crate::common::{Tollgate, ask, request};
+use crate::common::{Tollgate, ask, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const RULES: &str = "domain: r
@@ -229,18 +229,11 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
 
     // Redis comes back empty: no scripts, no counters.
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = ask(&mut client, one("closed")).await;
-        if r.overall_code == Code::Ok as i32 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Tollgate did not recover after Redis restarted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let recovered = eventually(Duration::from_secs(10), async || {
+        ask(&mut client, one("closed")).await.overall_code == Code::Ok as i32
+    })
+    .await;
+    assert!(recovered, "Tollgate did not recover after Redis restarted");
     // Decisions go through Redis again: the limit of 1 holds.
     assert_eq!(
         ask(&mut client, request("r", &[&[("tight", "y")]]))
