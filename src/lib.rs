@@ -94,7 +94,7 @@ pub use settings::Env;
 #[cfg(feature = "test-util")]
 pub mod test_util {
     pub use crate::reload::Reloader;
-    pub use crate::rlqs::{Answer, QuotaError, QuotaOptions, Quotas};
+    pub use crate::rlqs::{Answer, Handles, QuotaError, QuotaOptions, Quotas};
     pub use crate::server::InProcess;
     pub use crate::stats::statsd::MAX_DATAGRAM;
     pub use crate::xds::resource::TYPE_URL;

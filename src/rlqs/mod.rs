@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 mod answer;
 mod bucket;
 mod error;
+mod handles;
 mod options;
 mod outbox;
 mod quotas;
@@ -36,6 +37,8 @@ mod wire;
 pub use answer::Answer;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub, unused_imports))]
 pub use error::QuotaError;
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub use handles::Handles;
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub use options::QuotaOptions;
 pub(crate) use options::Unmatched;

@@ -3,7 +3,8 @@
 //! never waits: reports are answered from the state as it is; the store is
 //! consulted by [`Quotas::tick`] once a second, outside the lock.
 //!
-//! Time comes from the limiter's clock, so tests move it by hand.
+//! Time is an argument (the clock is read at the edges: see `handles.rs`),
+//! so tests move it by hand.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -14,11 +15,11 @@ use parking_lot::Mutex;
 use super::answer::{Action, ActionKind, Answer, Entries, Usage};
 use super::bucket::{Bucket, Demand, Member, OtherInstances, Resolved, resolve, unmatched};
 use super::error::QuotaError;
+use super::handles::Handles;
 use super::options::{MAX_CLIENT_NAME, QuotaOptions};
 use super::outbox::{Inbox, Outbox, outbox};
 use super::share::{self, Assignment};
 use crate::clock::Nanos;
-use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 
 /// One open stream.
@@ -93,7 +94,7 @@ pub(crate) struct AssignmentCounters {
 #[derive(Debug)]
 #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Quotas {
-    pub(super) limiter: Arc<Limiter>,
+    pub(super) handles: Handles,
     pub(super) options: QuotaOptions,
     pub(super) state: Mutex<State>,
     /// Counters, read by [`Quotas::metrics_snapshot`].
@@ -101,12 +102,12 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    /// The quota service over `limiter`'s rules, store and clock.
+    /// The quota service over these rules, store and clock.
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-    pub fn new(limiter: Arc<Limiter>, options: QuotaOptions) -> Self {
-        let rules = limiter.rules();
+    pub fn new(handles: Handles, options: QuotaOptions) -> Self {
+        let rules = (handles.rules)();
         Self {
-            limiter,
+            handles,
             options,
             state: Mutex::new(State {
                 rules,
@@ -127,12 +128,15 @@ impl Quotas {
         &self.options
     }
 
-    pub(super) fn now(&self) -> Nanos {
-        self.limiter.clock().now()
+    /// The time now, by its clock: for its edges (a report arriving, the
+    /// admin view, the ticker).
+    #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+    pub fn now(&self) -> Nanos {
+        self.handles.now()
     }
 
     pub(super) fn shared_store(&self) -> bool {
-        self.limiter.store().shared()
+        self.handles.share.is_some()
     }
 
     /// Opens a stream for `client` (a name the client gave, or none) and
@@ -248,7 +252,7 @@ impl Quotas {
         now: Nanos,
     ) -> Result<Answer, QuotaError> {
         let shared_store = self.shared_store();
-        let rules = self.limiter.rules();
+        let rules = (self.handles.rules)();
         let mut state = self.state.lock();
         let state = &mut *state;
         let stream = state.streams.get_mut(&id).ok_or(QuotaError::StreamClosed)?;
@@ -380,7 +384,7 @@ impl Quotas {
     /// Returns the abandon actions per stream.
     pub(super) fn follow_rules(&self, state: &mut State, now: Nanos) -> HashMap<u64, Vec<Action>> {
         let mut abandoned: HashMap<u64, Vec<Action>> = HashMap::new();
-        let current = self.limiter.rules();
+        let current = (self.handles.rules)();
         if Arc::ptr_eq(&current, &state.rules) {
             return abandoned;
         }

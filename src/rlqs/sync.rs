@@ -27,8 +27,7 @@ impl Quotas {
     /// instance's weights and usage), and pushes every assignment that
     /// changed.
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
-    pub async fn tick(&self) {
-        let now = self.now();
+    pub async fn tick(&self, now: Nanos) {
         let (mut pushes, names) = {
             let mut state = self.state.lock();
             let pushes = self.follow_rules(&mut state, now);
@@ -63,12 +62,8 @@ impl Quotas {
                 stale: DEMAND_STALE,
             })
             .collect();
-        if let Some(results) = self
-            .limiter
-            .store()
-            .exchange_quotas(&batch, self.options.exchange_timeout)
-            .await
-        {
+        if let Some(share) = &self.handles.share {
+            let results = share.exchange(&batch, self.options.exchange_timeout).await;
             let mut state = self.state.lock();
             for (pending, result) in exchanges.iter().zip(results) {
                 let Some(bucket) = state.buckets.get_mut(&pending.name) else {

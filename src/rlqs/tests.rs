@@ -40,7 +40,7 @@ fn quotas(options: QuotaOptions) -> (Arc<Quotas>, Arc<Limiter>, ManualClock) {
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
     let limiter = Arc::new(Limiter::in_memory(rules(RULES), Arc::new(clock.clone())));
     (
-        Arc::new(Quotas::new(limiter.clone(), options)),
+        Arc::new(Quotas::new(Handles::of(&limiter), options)),
         limiter,
         clock,
     )
@@ -132,7 +132,7 @@ fn tick(quotas: &Quotas) {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("present")
-        .block_on(quotas.tick());
+        .block_on(quotas.tick(quotas.now()));
 }
 
 /// What was pushed to a stream since last asked, merged.

@@ -81,7 +81,7 @@ impl Background {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                quotas.tick().await;
+                quotas.tick(quotas.now()).await;
             }
         });
     }

@@ -65,7 +65,7 @@ pub(crate) fn prepare(
     // This process's one name among the instances sharing the store.
     let instance = instance_name();
     let quotas = Arc::new(Quotas::new(
-        limiter.clone(),
+        crate::rlqs::Handles::of(&limiter),
         args.rlqs
             .quota_options(args.max_entries, args.max_value_bytes, instance.clone()),
     ));

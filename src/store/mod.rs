@@ -65,6 +65,23 @@ impl StoreError {
     }
 }
 
+/// A handle on a store that instances share, for the quota service's
+/// exchange (see [`Store::quota_share`]).
+#[derive(Debug, Clone)]
+pub struct QuotaShare(redis::RedisStore);
+
+impl QuotaShare {
+    /// The exchange for `exchanges`, every bucket within `within` (see
+    /// [`redis::RedisStore::exchange_quotas`]).
+    pub async fn exchange(
+        &self,
+        exchanges: &[QuotaExchange<'_>],
+        within: std::time::Duration,
+    ) -> Vec<Result<QuotaTotals, StoreError>> {
+        self.0.exchange_quotas(exchanges, within).await
+    }
+}
+
 /// The configured store.
 #[derive(Debug)]
 pub enum Store {
@@ -96,23 +113,12 @@ impl Store {
         }
     }
 
-    /// Whether other Tollgate instances share this store (the quota
-    /// service then exchanges its buckets' weights and usage through it).
-    pub fn shared(&self) -> bool {
-        matches!(self, Store::Redis(_))
-    }
-
-    /// The quota service's exchange for `exchanges`, every bucket within
-    /// `within` (see [`redis::RedisStore::exchange_quotas`]); `None` for a
-    /// store no other instance shares.
-    pub async fn exchange_quotas(
-        &self,
-        exchanges: &[QuotaExchange<'_>],
-        within: std::time::Duration,
-    ) -> Option<Vec<Result<QuotaTotals, StoreError>>> {
+    /// Where the quota service's instances exchange weights and usage:
+    /// `None` for a store no other instance shares.
+    pub fn quota_share(&self) -> Option<QuotaShare> {
         match self {
             Store::Memory(_) => None,
-            Store::Redis(store) => Some(store.exchange_quotas(exchanges, within).await),
+            Store::Redis(store) => Some(QuotaShare(store.clone())),
         }
     }
 

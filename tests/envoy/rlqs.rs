@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limiter::{Limiter, LimiterOptions};
-use tollgate::test_util::{QuotaOptions, Quotas};
+use tollgate::test_util::{Handles, QuotaOptions, Quotas};
 use tollgate::rules::RuleSet;
 use tollgate::store::Store;
 use tollgate::store::redis::{RedisOptions, RedisStore, RedisTarget};
@@ -53,7 +53,7 @@ fn instance(target: RedisTarget, clock: &ManualClock, name: &str) -> Arc<Quotas>
     ));
     let mut options = QuotaOptions::default();
     options.instance = name.into();
-    Arc::new(Quotas::new(limiter, options))
+    Arc::new(Quotas::new(Handles::of(&limiter), options))
 }
 
 fn report(
@@ -125,9 +125,9 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     one.answer(a, &report(&key, 50, 25, 5)).expect("present");
     two.answer(b, &report(&key, 25, 0, 5)).expect("present");
     // Each instance tells the store its clients' weight and learns the others'.
-    one.tick().await;
-    two.tick().await;
-    one.tick().await;
+    one.tick(clock.now()).await;
+    two.tick(clock.now()).await;
+    one.tick(clock.now()).await;
     clock.advance(Duration::from_secs(5));
     let r = one.answer(a, &report(&key, 50, 25, 5)).expect("present");
     assert_eq!(
@@ -148,16 +148,16 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     one.answer(a2, &report(&plan, 60, 0, 5)).expect("present");
     let r = two.answer(b2, &report(&plan, 30, 0, 5)).expect("present");
     assert_ne!(assignment(&r.into_wire()), "deny", "90 of 100 so far");
-    one.tick().await;
-    two.tick().await;
+    one.tick(clock.now()).await;
+    two.tick(clock.now()).await;
     let r = two.answer(b2, &report(&plan, 10, 0, 1)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
         "deny",
         "60 + 30 + 10 = the minute's 100"
     );
-    two.tick().await;
-    one.tick().await;
+    two.tick(clock.now()).await;
+    one.tick(clock.now()).await;
     let r = one.answer(a2, &report(&plan, 0, 5, 1)).expect("present");
     assert_eq!(
         assignment(&r.into_wire()),
@@ -169,7 +169,7 @@ async fn instances_share_one_bucket(target: RedisTarget, keys: impl Fn() -> Vec<
     for _ in 0..4 {
         clock.advance(Duration::from_secs(5));
         one.answer(a, &report(&key, 100, 50, 5)).expect("present");
-        one.tick().await;
+        one.tick(clock.now()).await;
     }
     let r = one.answer(a, &report(&key, 100, 50, 5)).expect("present");
     assert_eq!(assignment(&r.into_wire()), "20/1s");
@@ -241,11 +241,11 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
     let (p, _rx_p) = two.open(None).expect("opens");
     two.answer(p, &report(&plan, u64::MAX, u64::MAX, 5))
         .expect("present");
-    one.tick().await;
-    two.tick().await;
+    one.tick(clock.now()).await;
+    two.tick(clock.now()).await;
     // (The first tick loaded the script.)
     let before = script_calls(&redis);
-    one.tick().await;
+    one.tick(clock.now()).await;
     let calls = script_calls(&redis) - before;
     // 3,001 limited buckets: one call per 256.
     assert!(
@@ -271,14 +271,14 @@ async fn thousands_of_buckets_and_poisoned_counts_exchange_in_a_few_calls() {
         .collect();
     assert_eq!(used, ["100"], "the window's count");
     clock.advance(Duration::from_secs(60));
-    two.tick().await;
+    two.tick(clock.now()).await;
     let r = two.answer(p, &report(&plan, 1, 0, 5)).expect("present");
     assert_ne!(
         assignment(&r.into_wire()),
         "deny",
         "the next window starts afresh"
     );
-    two.tick().await;
+    two.tick(clock.now()).await;
     assert_eq!(two.store_errors(), 0);
 }
 
