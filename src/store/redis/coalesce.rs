@@ -38,7 +38,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::RedisStore;
-use super::script::{Part, Rows, parse_reply};
+use super::part::{Part, Rows, parse_reply};
 use crate::store::StoreError;
 
 struct Queued {
@@ -280,7 +280,7 @@ fn deliver(
 mod tests {
     use super::*;
     use crate::store::redis::msgpack::Writer;
-    use crate::store::redis::script::ScriptCheck;
+    use crate::store::redis::part::ScriptCheck;
 
     const TIMEOUT: Duration = Duration::from_millis(100);
 

@@ -26,7 +26,7 @@
 use super::RedisStore;
 use super::keys::Slot;
 use super::msgpack;
-use super::script::{FIELDS, Part, Rows, ScriptCheck, parse_reply};
+use super::part::{FIELDS, Part, Rows, ScriptCheck, parse_reply};
 use crate::store::StoreError;
 use redis::Value;
 

@@ -8,7 +8,7 @@
 //! price is that instances' clocks must agree (NTP keeps them within
 //! milliseconds, small against windows of a second or more).
 //!
-//! **Connections** are the `redis` crate's multiplexed async connections, one
+//! **Connections** (conn.rs) are the `redis` crate's multiplexed async connections, one
 //! per worker thread (made on first use, on that thread's runtime), so the
 //! calls of concurrent requests on a worker are pipelined on one connection
 //! with no cross-thread hops. They reconnect by themselves.
@@ -18,8 +18,8 @@
 //! a row the store stops calling Redis (each decision fails at once, and the
 //! limiter answers from the failure modes) and probes Redis in the background
 //! until it answers. The outage and the recovery are logged once each. On a
-//! Cluster each master has a breaker of its own (see cluster.rs), and a call
-//! with no answer is taken back if it runs late (see script.rs).
+//! Cluster each master has a breaker of its own (see cluster/mod.rs), and a call
+//! with no answer is taken back if it runs late (see receipt.rs).
 
 mod breaker;
 mod cluster;
@@ -33,8 +33,10 @@ mod migration;
 mod msgpack;
 mod options;
 mod over_limit;
+mod part;
 mod per_second;
 mod quota;
+mod receipt;
 mod refund;
 mod reset;
 mod script;

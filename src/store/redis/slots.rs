@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::RedisStore;
 
 use super::options::RedisTarget;
-use super::script::{Part, Rows, ScriptCheck};
+use super::part::{Part, Rows, ScriptCheck};
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
 use crate::calendar::Window;
 use crate::clock::Nanos;

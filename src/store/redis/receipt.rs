@@ -1,0 +1,170 @@
+//! A batch call with its receipt: when its answer does not come in time,
+//! `cancel.lua` takes back whatever it committed if it ran, or stops it from
+//! committing if it runs later (see `batch.lua`).
+
+use super::RedisStore;
+use super::events::CancelEnd;
+use super::keys::{Slot, hash_tag};
+use super::part::{Part, batch_call};
+use super::script::Invocation;
+use crate::store::StoreError;
+use redis::Value;
+
+impl RedisStore {
+    /// Sends the batch script's call for `parts` (see [`batch_call`]).
+    ///
+    /// The call carries a receipt (see `batch.lua`): when the answer does
+    /// not come by `until` (or the connection fails, or the caller gives up),
+    /// the requests are answered from the failure modes, and `cancel.lua`
+    /// takes back whatever the call committed if it ran, or stops it from
+    /// committing if it runs later: a request Redis did not decide spends
+    /// nothing.
+    pub(super) async fn send(
+        &self,
+        slot: Slot,
+        parts: &[&Part],
+        until: tokio::time::Instant,
+    ) -> Result<Value, StoreError> {
+        let mut inv = batch_call(&self.inner.scripts.batch, parts);
+        inv.yields_to_migration = true;
+        let receipt = self.receipt(parts);
+        inv.key(receipt.as_str())
+            .arg(self.receipt_ttl().as_millis() as u64);
+        let mut unsettled = Unsettled {
+            store: self,
+            slot,
+            inv: &inv,
+            armed: true,
+        };
+        let timeout = self.inner.options.timeout;
+        let reply = match tokio::time::timeout_at(until, self.invoke(slot, &inv)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        };
+        // Settled: an answer, or an error that says the call was not run
+        // (the breaker, a refusal by Redis before the script).
+        unsettled.armed = match &reply {
+            Ok(_) => false,
+            Err(StoreError::Timeout(_)) => true,
+            Err(StoreError::Redis { transient, .. }) => *transient,
+            Err(_) => false,
+        };
+        reply
+    }
+
+    /// The key of a call's receipt: in the slot of its first key (every key
+    /// of a call shares a slot), unique to this process and call.
+    fn receipt(&self, parts: &[&Part]) -> String {
+        let first = parts
+            .iter()
+            .find_map(|p| p.keys.first())
+            .map_or("", String::as_str);
+        // The tag as Redis reads it (keys.rs), so the slots agree.
+        let tag = hash_tag(first.as_bytes())
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .unwrap_or("");
+        let n = RECEIPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut key = String::with_capacity(self.inner.options.prefix.len() + tag.len() + 32);
+        key.push_str(&self.inner.options.prefix);
+        key.push('{');
+        key.push_str(tag);
+        key.push_str("}:call:");
+        key.push_str(receipt_seed());
+        key.push('.');
+        key.push_str(itoa::Buffer::new().format(n));
+        key
+    }
+
+    /// How long a receipt (and a cancellation) stands: long enough for a
+    /// cancellation sent at the deadline to find the call it follows.
+    fn receipt_ttl(&self) -> std::time::Duration {
+        (self.inner.options.timeout * 10).clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(60),
+        )
+    }
+
+    /// Sends `cancel.lua` for the call `inv` in the background. Redis (or
+    /// the slot's master) may be unreachable for now, with the call waiting
+    /// in its socket: the cancellation is retried every probe interval while
+    /// the breaker is closed, for up to [`CANCEL_FOR`]. Whichever of the two
+    /// runs first, the request spends nothing (see `cancel.lua`).
+    fn cancel(&self, slot: Slot, inv: &Invocation<'_>) {
+        let store = self.clone();
+        let keys = inv.keys().to_vec();
+        let ttl = self.receipt_ttl();
+        let cancelling = self.inner.events.cancelling();
+        tokio::spawn(async move {
+            let mut cancel = store.inner.scripts.cancel.prepare_invoke();
+            for key in &keys {
+                cancel.key(key.as_slice());
+            }
+            cancel.arg(ttl.as_millis() as u64);
+            let options = &store.inner.options;
+            let within = store.inner.connections.probe_within();
+            let until = tokio::time::Instant::now() + CANCEL_FOR;
+            loop {
+                if !store.slot_open(slot) {
+                    let sent = tokio::time::timeout(within, store.invoke(slot, &cancel)).await;
+                    match sent {
+                        Ok(Ok(_)) => return cancelling.ended(CancelEnd::Delivered),
+                        Ok(Err(error)) if !error.is_transient() => {
+                            tracing::debug!(%error, "cancelling a call with no answer failed; what it committed, if it ran, stays spent");
+                            return cancelling.ended(CancelEnd::Abandoned);
+                        }
+                        _ => {}
+                    }
+                }
+                if tokio::time::Instant::now() >= until {
+                    tracing::debug!(
+                        "no cancellation delivered for a call with no answer; what it committed, if it ran, stays spent"
+                    );
+                    return cancelling.ended(CancelEnd::Abandoned);
+                }
+                tokio::time::sleep(options.probe_interval).await;
+            }
+        });
+    }
+}
+
+/// How long a call with no answer is cancelled for: a hung Redis that
+/// resumes within it runs the call and its cancellation, in either order.
+const CANCEL_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Receipts made by this process.
+static RECEIPTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// This process's part of receipt names: random, so that instances (and a
+/// restarted one) never share a receipt.
+fn receipt_seed() -> &'static str {
+    static SEED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SEED.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        format!("{:016x}", h.finish())
+    })
+}
+
+/// A sent call whose outcome is unknown until disarmed: dropped armed (no
+/// answer by the deadline, a failed connection, the caller gone), it sends
+/// the cancellation.
+struct Unsettled<'a, 'i> {
+    store: &'a RedisStore,
+    slot: Slot,
+    inv: &'a Invocation<'i>,
+    armed: bool,
+}
+
+impl Drop for Unsettled<'_, '_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.store.cancel(self.slot, self.inv);
+        }
+    }
+}
