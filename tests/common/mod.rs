@@ -34,9 +34,7 @@ impl Tollgate {
 
     /// As [`Tollgate::start`], with environment variables.
     pub fn start_with_env(rules: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("rules.yaml");
-        std::fs::write(&path, rules).expect("write rules");
+        let (dir, path) = rules_file(rules);
         let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
         command.arg("serve");
         // The test's own --rules, if it passes one, replaces the rules text.
@@ -132,9 +130,7 @@ impl Tollgate {
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.addr))
-            .await
-            .expect("connect to tollgate")
+        client_of(self.addr).await
     }
 
     /// The rule file the server was started on.
@@ -193,9 +189,7 @@ impl Served {
     /// Serves `rules` (YAML text) with extra arguments, on the current
     /// runtime (with a paused clock, every timer of the server on it).
     pub fn start(rules: &str, args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("rules.yaml");
-        std::fs::write(&path, rules).expect("write rules");
+        let (dir, path) = rules_file(rules);
         let path = path.to_str().expect("utf-8").to_owned();
         let args = [&["--rules", path.as_str()][..], args].concat();
         let server = tollgate::test_util::InProcess::start(&args).expect("starts");
@@ -208,9 +202,7 @@ impl Served {
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.addr))
-            .await
-            .expect("connect to tollgate")
+        client_of(self.addr).await
     }
 
     /// An HTTP/1.1 call to the admin port, made on a blocking thread so the
@@ -255,6 +247,21 @@ impl Served {
         let body = self.metrics().await;
         sample(&body, series).unwrap_or_else(|| panic!("{series} not in /metrics:\n{body}")) as u64
     }
+}
+
+/// A gRPC client of the server at `addr`.
+pub async fn client_of(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to tollgate")
+}
+
+/// `rules` (YAML text) written to `rules.yaml` in a new directory.
+fn rules_file(rules: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, rules).expect("write rules");
+    (dir, path)
 }
 
 /// The next whole hour of the wall clock, in nanoseconds: a manual clock
