@@ -191,7 +191,10 @@ impl Served {
     pub fn start(rules: &str, args: &[&str]) -> Self {
         let (dir, path) = rules_file(rules);
         let path = path.to_str().expect("utf-8").to_owned();
-        let args = [&["--rules", path.as_str()][..], args].concat();
+        // The test's own --rules, if it passes one, replaces the rules text.
+        let own = args.contains(&"--rules") || args.contains(&"--rules-xds");
+        let rules_arg: &[&str] = if own { &[] } else { &["--rules", &path] };
+        let args = [rules_arg, args].concat();
         let server = tollgate::test_util::InProcess::start(&args).expect("starts");
         Served {
             addr: server.grpc,
@@ -239,6 +242,11 @@ impl Served {
     /// The admin port's `/metrics`.
     pub async fn metrics(&self) -> String {
         self.http("GET", "/metrics", &[], "").await.body
+    }
+
+    /// The rule file the server was started on.
+    pub fn rules_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("rules.yaml")
     }
 
     /// One sample of the admin port's `/metrics` (see [`sample`]); fails

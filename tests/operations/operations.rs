@@ -5,13 +5,14 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::envoy::http;
 use crate::common::redis::RedisServer;
-use crate::common::{Served, Tollgate, ask, eventually, metric_sum, request};
+use crate::common::{Served, Tollgate, ask, client_of, eventually, metric_sum, request};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
@@ -23,8 +24,8 @@ fn rules(limit: u32) -> String {
     )
 }
 
-async fn remaining(server: &Tollgate, key: &str, value: &str) -> Option<u32> {
-    let mut client = server.client().await;
+async fn remaining(server: SocketAddr, key: &str, value: &str) -> Option<u32> {
+    let mut client = client_of(server).await;
     let r = ask(&mut client, request("ops", &[&[(key, value)]])).await;
     r.statuses[0]
         .current_limit
@@ -42,9 +43,9 @@ fn write_atomically(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).expect("rename");
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn a_valid_edit_is_live_within_a_second_and_counters_survive() {
-    let server = Tollgate::start(&rules(5), &[]);
+    let server = Served::start(&rules(5), &[]);
     let mut client = server.client().await;
     for _ in 0..2 {
         client
@@ -56,7 +57,9 @@ async fn a_valid_edit_is_live_within_a_second_and_counters_survive() {
     let started = Instant::now();
     assert!(
         eventually(Duration::from_secs(1), async || remaining(
-            &server, "user", "a"
+            server.addr,
+            "user",
+            "a"
         )
         .await
             == Some(7))
@@ -67,7 +70,10 @@ async fn a_valid_edit_is_live_within_a_second_and_counters_survive() {
     let r = ask(&mut client, request("ops", &[&[("other", "x")]])).await;
     assert_eq!(r.statuses[0].limit_remaining, 97);
     assert_eq!(
-        metric(&server, "ratelimit_service_config_load_success"),
+        metric_sum(
+            &server.metrics().await,
+            "ratelimit_service_config_load_success"
+        ),
         2.0
     );
 }
@@ -101,7 +107,7 @@ async fn an_invalid_edit_keeps_the_rules_in_force() {
             "{what}: the error is counted"
         );
         assert_eq!(
-            remaining(&server, "user", "a").await,
+            remaining(server.addr, "user", "a").await,
             Some(5),
             "{what}: old rules answer"
         );
@@ -118,7 +124,9 @@ async fn an_invalid_edit_keeps_the_rules_in_force() {
     write_atomically(&server.rules_path(), &rules(9));
     assert!(
         eventually(Duration::from_secs(1), async || remaining(
-            &server, "user", "a"
+            server.addr,
+            "user",
+            "a"
         )
         .await
             == Some(9))
@@ -126,7 +134,7 @@ async fn an_invalid_edit_keeps_the_rules_in_force() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn a_configmap_symlink_swap_reloads_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
@@ -136,9 +144,9 @@ async fn a_configmap_symlink_swap_reloads_once() {
     std::os::unix::fs::symlink("..2026_1", d.join("..data")).expect("symlink");
     std::os::unix::fs::symlink("..data/rules.yaml", d.join("rules.yaml")).expect("symlink");
     let dir_arg = d.to_str().expect("utf-8 path").to_owned();
-    let server = Tollgate::start(&rules(1), &["--rules", &dir_arg]);
+    let server = Served::start(&rules(1), &["--rules", &dir_arg]);
     assert_eq!(
-        remaining(&server, "user", "a").await,
+        remaining(server.addr, "user", "a").await,
         Some(5),
         "the directory's rules are used"
     );
@@ -149,7 +157,9 @@ async fn a_configmap_symlink_swap_reloads_once() {
     std::fs::remove_dir_all(d.join("..2026_1")).expect("old version removed");
     assert!(
         eventually(Duration::from_secs(1), async || remaining(
-            &server, "user", "a"
+            server.addr,
+            "user",
+            "a"
         )
         .await
             == Some(8))
@@ -160,18 +170,29 @@ async fn a_configmap_symlink_swap_reloads_once() {
     std::fs::write(d.join("..2026_2/rules.yaml"), rules(9)).expect("write");
     assert!(
         eventually(Duration::from_secs(2), async || remaining(
-            &server, "user", "a"
+            server.addr,
+            "user",
+            "a"
         )
         .await
             == Some(9))
         .await
     );
     assert_eq!(
-        metric(&server, "ratelimit_service_config_load_success"),
+        metric_sum(
+            &server.metrics().await,
+            "ratelimit_service_config_load_success"
+        ),
         3.0,
         "start + the swap once + the edit"
     );
-    assert_eq!(metric(&server, "ratelimit_service_config_load_error"), 0.0);
+    assert_eq!(
+        metric_sum(
+            &server.metrics().await,
+            "ratelimit_service_config_load_error"
+        ),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -185,7 +206,9 @@ async fn sighup_reloads() {
     assert!(hup.success());
     assert!(
         eventually(Duration::from_secs(1), async || remaining(
-            &server, "user", "a"
+            server.addr,
+            "user",
+            "a"
         )
         .await
             == Some(6))
