@@ -137,6 +137,9 @@ pub(super) struct OtherInstances {
 /// One bucket.
 #[derive(Debug)]
 pub(super) struct Bucket {
+    /// Its canonical name (see [`bucket_name`]): the key it is held under,
+    /// shared with the streams that report it.
+    pub(super) name: Arc<str>,
     pub(super) domain: String,
     /// Sorted by key; shared with the answers that name the bucket.
     pub(super) entries: Entries,
@@ -158,9 +161,10 @@ pub(super) struct Bucket {
 
 impl Bucket {
     /// A bucket that `resolved` says something about.
-    pub(super) fn new(domain: &str, entries: Entries, resolved: Resolved) -> Self {
+    pub(super) fn new(name: Arc<str>, domain: &str, entries: Entries, resolved: Resolved) -> Self {
         // Split when its first client joins.
         Bucket {
+            name,
             domain: domain.to_owned(),
             entries,
             resolved,

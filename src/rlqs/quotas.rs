@@ -296,7 +296,7 @@ impl Quotas {
                 state.bucket_bytes += bytes;
                 state.buckets.insert(
                     usage.name.clone(),
-                    Bucket::new(domain, usage.entries.clone(), resolved),
+                    Bucket::new(usage.name.clone(), domain, usage.entries.clone(), resolved),
                 );
             } else if joined && self.over_stream_bounds(stream.buckets.len(), state.pairs) {
                 continue;
@@ -334,7 +334,8 @@ impl Quotas {
             let mut fresh_split = bucket.refresh(now, self.options.min_share);
             if joined {
                 state.pairs += 1;
-                stream.buckets.insert(usage.name.clone());
+                // The bucket's own name, shared: not the report's copy.
+                stream.buckets.insert(bucket.name.clone());
                 if bucket.members.len() == 1 && !fresh_split {
                     bucket.resplit(now, self.options.min_share);
                     fresh_split = true;

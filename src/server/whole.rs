@@ -19,6 +19,10 @@ use hyper::body::Incoming;
 /// The gRPC message prefix: a compression flag and a 4-byte length.
 const PREFIX: usize = 5;
 
+/// Room a stream's buffer keeps between messages; a larger allocation (a
+/// large message's) is let go with the message.
+const KEEP: usize = 16 * 1024;
+
 /// See the module documentation.
 pub(super) struct WholeMessages {
     inner: Incoming,
@@ -44,7 +48,17 @@ impl WholeMessages {
         if declared > self.max_message {
             return Some(self.buf.split().freeze());
         }
-        (self.buf.len() >= PREFIX + declared).then(|| self.buf.split_to(PREFIX + declared).freeze())
+        if self.buf.len() < PREFIX + declared {
+            return None;
+        }
+        let message = self.buf.split_to(PREFIX + declared).freeze();
+        if self.buf.capacity() > KEEP {
+            // What is left (the start of the next message, if any) moves to
+            // an allocation of its own: the message's goes with the message
+            // once it is decoded, instead of staying with an idle stream.
+            self.buf = BytesMut::from(&self.buf[..]);
+        }
+        Some(message)
     }
 }
 
