@@ -235,7 +235,7 @@ impl RedisStore {
     /// Reads the slot map, asking every known node and seed at once (the
     /// first answer wins, so hung nodes do not hold it up), unless a read
     /// finished since `version` was seen.
-    pub(super) async fn refresh(&self, version: u64) -> Result<(), StoreError> {
+    async fn refresh(&self, version: u64) -> Result<(), StoreError> {
         let cluster = self.cluster();
         let _one = cluster.refreshing.lock().await;
         if cluster.version.load(Ordering::Acquire) != version {
