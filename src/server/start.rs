@@ -297,11 +297,25 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         tracing::info!(url = %url, "limits of one second go to their own Redis");
     }
     let store = RedisStore::new(options)?;
-    let probe = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StoreError::Config(e.to_string()))?
-        .block_on(store.probe());
+    // On a thread of its own, with a runtime of its own: start-up may run
+    // inside a runtime (the in-process harness), where blocking on another
+    // is refused.
+    let probe = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| StoreError::Config(e.to_string()))
+                    .map(|runtime| runtime.block_on(store.probe()))
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(StoreError::Config(
+                    "the Redis probe's thread panicked".into(),
+                ))
+            })
+    })?;
     match probe {
         Ok(()) => tracing::info!(url = %args.redis_url, "Redis answers"),
         Err(e @ StoreError::Config(_)) => tracing::error!(

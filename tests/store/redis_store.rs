@@ -6,10 +6,11 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::redis::{RedisCluster, RedisServer};
-use crate::common::{Tollgate, ask, eventually, request};
+use crate::common::{Served, Tollgate, ask, client_of, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const RULES: &str = "domain: r
@@ -49,9 +50,9 @@ fn redis_args<'a>(url: &'a str, timeout: &'a str) -> Vec<&'a str> {
 }
 
 /// Tollgate on `cluster`, with the suite's rules.
-fn on_cluster(cluster: &RedisCluster) -> Tollgate {
+fn on_cluster(cluster: &RedisCluster) -> Served {
     let urls = cluster.urls();
-    Tollgate::start(
+    Served::start(
         RULES,
         &[
             "--store",
@@ -76,20 +77,20 @@ fn slots_of(cluster: &RedisCluster, keys: &[(String, i64)]) -> std::collections:
         .collect()
 }
 
-async fn code(server: &Tollgate, descriptors: &[&[(&str, &str)]]) -> Result<i32, tonic::Status> {
-    let mut client = server.client().await;
+async fn code(server: SocketAddr, descriptors: &[&[(&str, &str)]]) -> Result<i32, tonic::Status> {
+    let mut client = client_of(server).await;
     client
         .should_rate_limit(request("r", descriptors))
         .await
         .map(|r| r.into_inner().overall_code)
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let one = Tollgate::start(RULES, &redis_args(&url, "500ms"));
-    let two = Tollgate::start(RULES, &redis_args(&url, "500ms"));
+    let one = Served::start(RULES, &redis_args(&url, "500ms"));
+    let two = Served::start(RULES, &redis_args(&url, "500ms"));
     let (mut c1, mut c2) = (one.client().await, two.client().await);
     let mut calls = Vec::new();
     for i in 0..40 {
@@ -112,17 +113,17 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn one_script_call_per_request_whatever_the_descriptors() {
     let redis = RedisServer::start();
-    let server = Tollgate::start(RULES, &redis_args(&redis.url(), "500ms"));
+    let server = Served::start(RULES, &redis_args(&redis.url(), "500ms"));
     let three: &[&[(&str, &str)]] = &[&[("a", "1")], &[("b", "1")], &[("c", "1")]];
-    code(&server, three)
+    code(server.addr, three)
         .await
         .expect("warm up: loads the script");
     let before = redis.calls("evalsha") + redis.calls("eval");
     for _ in 0..20 {
-        assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
+        assert_eq!(code(server.addr, three).await.expect("ok"), Code::Ok as i32);
     }
     let after = redis.calls("evalsha") + redis.calls("eval");
     // Sequential requests: nothing to coalesce, one call each.
@@ -133,16 +134,16 @@ async fn one_script_call_per_request_whatever_the_descriptors() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn one_script_call_per_slot_on_a_cluster() {
     let cluster = RedisCluster::start();
     let server = on_cluster(&cluster);
     let three: &[&[(&str, &str)]] = &[&[("a", "1")], &[("b", "2")], &[("c", "3")]];
-    code(&server, three).await.expect("warm up");
+    code(server.addr, three).await.expect("warm up");
     let slots = slots_of(&cluster, &cluster.keys_with_ttl());
     let before = cluster.calls("evalsha") + cluster.calls("eval");
     for _ in 0..10 {
-        assert_eq!(code(&server, three).await.expect("ok"), Code::Ok as i32);
+        assert_eq!(code(server.addr, three).await.expect("ok"), Code::Ok as i32);
     }
     let after = cluster.calls("evalsha") + cluster.calls("eval");
     assert_eq!(
@@ -157,12 +158,12 @@ async fn one_script_call_per_slot_on_a_cluster() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
     let cluster = RedisCluster::start();
     let server = on_cluster(&cluster);
     let many: &[&[(&str, &str)]] = &[&[("many", "key-1")]];
-    code(&server, many).await.expect("warm up");
+    code(server.addr, many).await.expect("warm up");
     // Three limits, four keys (the sliding window reads two), one hash tag.
     let keys = cluster.counters_with_ttl();
     assert_eq!(keys.len(), 3, "{keys:?}");
@@ -177,7 +178,7 @@ async fn several_limits_of_one_descriptor_are_one_script_call_on_a_cluster() {
     assert_eq!(slots.len(), 1, "one slot for the descriptor's limits");
     let before = cluster.calls("evalsha") + cluster.calls("eval");
     for _ in 0..10 {
-        assert_eq!(code(&server, many).await.expect("ok"), Code::Ok as i32);
+        assert_eq!(code(server.addr, many).await.expect("ok"), Code::Ok as i32);
     }
     let after = cluster.calls("evalsha") + cluster.calls("eval");
     assert_eq!(after - before, 10, "one script call per request");
@@ -255,11 +256,11 @@ async fn an_outage_gets_each_rules_failure_mode_in_bounded_time_then_recovers() 
     assert!(redis.keys_with_ttl().iter().all(|(_, ttl)| *ttl > 0));
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn the_reference_mode_answers_unavailable() {
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let server = Tollgate::start(
+    let server = Served::start(
         RULES,
         &[
             &redis_args(&url, "30ms")[..],
@@ -268,35 +269,35 @@ async fn the_reference_mode_answers_unavailable() {
         .concat(),
     );
     redis.kill();
-    let status = code(&server, &[&[("open", "x")]])
+    let status = code(server.addr, &[&[("open", "x")]])
         .await
         .expect_err("unavailable");
     assert_eq!(status.code(), tonic::Code::Unavailable);
     assert!(status.message().contains("Redis"), "{}", status.message());
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn the_local_failure_mode_divides_the_limit_between_instances() {
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let server = Tollgate::start(
+    let server = Served::start(
         RULES,
         &[&redis_args(&url, "30ms")[..], &["--instances", "2"]].concat(),
     );
     redis.kill();
     let mut admitted = 0;
     for _ in 0..12 {
-        if code(&server, &[&[("local", "x")]]).await.expect("ok") == Code::Ok as i32 {
+        if code(server.addr, &[&[("local", "x")]]).await.expect("ok") == Code::Ok as i32 {
             admitted += 1;
         }
     }
     assert_eq!(admitted, 5, "10 per hour across 2 instances");
 }
 
-#[tokio::test(flavor = "multi_thread")]
+#[tokio::test]
 async fn the_over_limit_cache_keeps_refusals_off_redis() {
     let redis = RedisServer::start();
-    let server = Tollgate::start(
+    let server = Served::start(
         RULES,
         &[
             &redis_args(&redis.url(), "500ms")[..],
@@ -305,17 +306,17 @@ async fn the_over_limit_cache_keeps_refusals_off_redis() {
         .concat(),
     );
     assert_eq!(
-        code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+        code(server.addr, &[&[("tight", "z")]]).await.expect("ok"),
         Code::Ok as i32
     );
     assert_eq!(
-        code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+        code(server.addr, &[&[("tight", "z")]]).await.expect("ok"),
         Code::OverLimit as i32
     );
     let before = redis.calls("evalsha");
     for _ in 0..20 {
         assert_eq!(
-            code(&server, &[&[("tight", "z")]]).await.expect("ok"),
+            code(server.addr, &[&[("tight", "z")]]).await.expect("ok"),
             Code::OverLimit as i32
         );
     }
@@ -325,7 +326,9 @@ async fn the_over_limit_cache_keeps_refusals_off_redis() {
         "refusals answered from the cache"
     );
     assert_eq!(
-        code(&server, &[&[("tight", "other")]]).await.expect("ok"),
+        code(server.addr, &[&[("tight", "other")]])
+            .await
+            .expect("ok"),
         Code::Ok as i32
     );
 }
@@ -340,7 +343,7 @@ async fn sigterm_lets_calls_in_flight_finish() {
     );
     let mut client = server.client().await;
     // Warm up (connection and script), then hold Redis for half a second.
-    code(&server, &[&[("a", "warm")]]).await.expect("ok");
+    code(server.addr, &[&[("a", "warm")]]).await.expect("ok");
     let stall = redis.stall("0.5");
     let sent = Instant::now();
     let in_flight = tokio::spawn(async move {
