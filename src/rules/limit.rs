@@ -23,145 +23,19 @@ pub(super) fn compile(
     err: ErrorSink<'_>,
 ) -> Option<Limit> {
     if rl.unlimited.unwrap_or(false) {
-        for (field, p) in [
-            ("unit", rl.unit.as_ref().map(|s| &s.referenced)),
-            (
-                "requests_per_unit",
-                rl.requests_per_unit.as_ref().map(|s| &s.referenced),
-            ),
-            ("algorithm", rl.algorithm.as_ref().map(|s| &s.referenced)),
-            ("burst", rl.burst.as_ref().map(|s| &s.referenced)),
-            (
-                "unit_multiplier",
-                rl.unit_multiplier.as_ref().map(|s| &s.referenced),
-            ),
-            ("calendar", rl.calendar.as_ref().map(|s| &s.referenced)),
-            ("time_zone", rl.time_zone.as_ref().map(|s| &s.referenced)),
-            ("budget", rl.budget.as_ref().map(|s| &s.referenced)),
-            (
-                "consistency",
-                rl.consistency.as_ref().map(|s| &s.referenced),
-            ),
-            ("lease", rl.lease.as_ref().map(|s| &s.referenced)),
-        ] {
-            if let Some(p) = p {
-                err(
-                    at(p).or(pos),
-                    format!(
-                        "'{path}' should not specify rate limit {field} when unlimited is true"
-                    ),
-                );
-            }
-        }
+        refuse_with_unlimited(rl, path, pos, err);
         return None;
     }
-    let unit = match &rl.unit {
-        None => {
-            err(
-                pos,
-                format!(
-                    "'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"
-                ),
-            );
-            None
-        }
-        Some(u) => {
-            let unit = Unit::from_name(&u.value.0);
-            if unit.is_none() {
-                err(
-                    at(&u.referenced).or(pos),
-                    format!(
-                        "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
-                        u.value.0
-                    ),
-                );
-            }
-            unit
-        }
-    };
+    let unit = unit(rl, path, pos, err);
     let requests_per_unit = rl.requests_per_unit.as_ref().map(|r| r.value.0);
     if requests_per_unit.is_none() {
         err(pos, format!("'{path}' rate_limit has no requests_per_unit"));
     }
     let calendar = rl.calendar.as_ref().is_some_and(|c| c.value);
-    let algorithm = match &rl.algorithm {
-        // A calendar quota resets on its boundaries: a fixed window.
-        None if calendar => Some(Algorithm::FixedWindow),
-        None => Some(options.default_algorithm),
-        Some(a) => {
-            let alg = Algorithm::from_name(&a.value.0);
-            if alg.is_none() {
-                err(
-                    at(&a.referenced).or(pos),
-                    format!(
-                        "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
-                        a.value.0
-                    ),
-                );
-            }
-            alg
-        }
-    };
-    let burst = match &rl.burst {
-        None => requests_per_unit,
-        Some(b) if algorithm != Some(Algorithm::TokenBucket) => {
-            err(
-                at(&b.referenced).or(pos),
-                format!(
-                    "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
-                ),
-            );
-            None
-        }
-        Some(b) if b.value.0 == 0 => {
-            err(
-                at(&b.referenced).or(pos),
-                format!("'{path}' burst must be at least 1"),
-            );
-            None
-        }
-        Some(b) => Some(b.value.0),
-    };
-    let failure_mode = match &rl.failure_mode {
-        None => Some(None),
-        Some(m) => {
-            let mode = FailureMode::from_name(&m.value.0);
-            if mode.is_none() {
-                err(
-                    at(&m.referenced).or(pos),
-                    format!(
-                        "unknown failure_mode '{}' in '{path}' (expected allow, deny or local)",
-                        m.value.0
-                    ),
-                );
-            }
-            mode.map(Some)
-        }
-    };
-    let unit_multiplier = match &rl.unit_multiplier {
-        None => Some(1),
-        Some(m) if m.value.0 == 0 => {
-            err(
-                at(&m.referenced).or(pos),
-                format!("'{path}' unit_multiplier must be at least 1"),
-            );
-            None
-        }
-        Some(m) => match unit {
-            Some(unit) if unit.seconds() * u64::from(m.value.0) > MAX_PERIOD_SECONDS => {
-                err(
-                    at(&m.referenced).or(pos),
-                    format!(
-                        "'{path}' period of {} {}s is longer than 100 years",
-                        m.value.0,
-                        unit.name()
-                    ),
-                );
-                None
-            }
-            _ => Some(m.value.0),
-        },
-    };
+    let algorithm = algorithm(rl, calendar, path, pos, options, err);
+    let burst = burst(rl, requests_per_unit, algorithm, path, pos, err);
+    let failure_mode = failure_mode(rl, path, pos, err);
+    let unit_multiplier = unit_multiplier(rl, unit, path, pos, err);
     let zone = calendar_zone(rl, path, pos, (unit, algorithm), options, err);
     let mut lease = lease(rl, path, pos, (requests_per_unit, burst), err);
     if lease.is_some_and(|l| l > 0) && rl.budget.as_ref().is_some_and(|b| b.value) {
@@ -234,6 +108,198 @@ pub(super) fn compile(
         return None;
     }
     Some(limit)
+}
+
+/// The fields a limit with `unlimited: true` must not set, each reported.
+fn refuse_with_unlimited(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    err: ErrorSink<'_>,
+) {
+    for (field, p) in [
+        ("unit", rl.unit.as_ref().map(|s| &s.referenced)),
+        (
+            "requests_per_unit",
+            rl.requests_per_unit.as_ref().map(|s| &s.referenced),
+        ),
+        ("algorithm", rl.algorithm.as_ref().map(|s| &s.referenced)),
+        ("burst", rl.burst.as_ref().map(|s| &s.referenced)),
+        (
+            "unit_multiplier",
+            rl.unit_multiplier.as_ref().map(|s| &s.referenced),
+        ),
+        ("calendar", rl.calendar.as_ref().map(|s| &s.referenced)),
+        ("time_zone", rl.time_zone.as_ref().map(|s| &s.referenced)),
+        ("budget", rl.budget.as_ref().map(|s| &s.referenced)),
+        (
+            "consistency",
+            rl.consistency.as_ref().map(|s| &s.referenced),
+        ),
+        ("lease", rl.lease.as_ref().map(|s| &s.referenced)),
+    ] {
+        if let Some(p) = p {
+            err(
+                at(p).or(pos),
+                format!("'{path}' should not specify rate limit {field} when unlimited is true"),
+            );
+        }
+    }
+}
+
+/// Its unit (`None` after reporting a problem).
+fn unit(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    err: ErrorSink<'_>,
+) -> Option<Unit> {
+    match &rl.unit {
+        None => {
+            err(
+                pos,
+                format!(
+                    "'{path}' rate_limit has no unit (one of second, minute, hour, day, week, month, year)"
+                ),
+            );
+            None
+        }
+        Some(u) => {
+            let unit = Unit::from_name(&u.value.0);
+            if unit.is_none() {
+                err(
+                    at(&u.referenced).or(pos),
+                    format!(
+                        "invalid rate limit unit '{}' in '{path}' (expected second, minute, hour, day, week, month or year)",
+                        u.value.0
+                    ),
+                );
+            }
+            unit
+        }
+    }
+}
+
+/// Its algorithm: the one named, else a calendar quota's fixed window, else
+/// the default (`None` after reporting a problem).
+fn algorithm(
+    rl: &RawRateLimit,
+    calendar: bool,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    options: &LoadOptions,
+    err: ErrorSink<'_>,
+) -> Option<Algorithm> {
+    match &rl.algorithm {
+        // A calendar quota resets on its boundaries: a fixed window.
+        None if calendar => Some(Algorithm::FixedWindow),
+        None => Some(options.default_algorithm),
+        Some(a) => {
+            let alg = Algorithm::from_name(&a.value.0);
+            if alg.is_none() {
+                err(
+                    at(&a.referenced).or(pos),
+                    format!(
+                        "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
+                        a.value.0
+                    ),
+                );
+            }
+            alg
+        }
+    }
+}
+
+/// Its burst: the one given (token buckets only, at least 1), else the
+/// requests per unit (`None` after reporting a problem).
+fn burst(
+    rl: &RawRateLimit,
+    requests_per_unit: Option<u32>,
+    algorithm: Option<Algorithm>,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    err: ErrorSink<'_>,
+) -> Option<u32> {
+    match &rl.burst {
+        None => requests_per_unit,
+        Some(b) if algorithm != Some(Algorithm::TokenBucket) => {
+            err(
+                at(&b.referenced).or(pos),
+                format!(
+                    "'{path}' sets burst, which only token_bucket uses (set `algorithm: token_bucket`)"
+                ),
+            );
+            None
+        }
+        Some(b) if b.value.0 == 0 => {
+            err(
+                at(&b.referenced).or(pos),
+                format!("'{path}' burst must be at least 1"),
+            );
+            None
+        }
+        Some(b) => Some(b.value.0),
+    }
+}
+
+/// Its failure mode, when it has one (`None` after reporting a problem).
+fn failure_mode(
+    rl: &RawRateLimit,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    err: ErrorSink<'_>,
+) -> Option<Option<FailureMode>> {
+    match &rl.failure_mode {
+        None => Some(None),
+        Some(m) => {
+            let mode = FailureMode::from_name(&m.value.0);
+            if mode.is_none() {
+                err(
+                    at(&m.referenced).or(pos),
+                    format!(
+                        "unknown failure_mode '{}' in '{path}' (expected allow, deny or local)",
+                        m.value.0
+                    ),
+                );
+            }
+            mode.map(Some)
+        }
+    }
+}
+
+/// Its unit multiplier: at least 1, the period at most 100 years (`None`
+/// after reporting a problem).
+fn unit_multiplier(
+    rl: &RawRateLimit,
+    unit: Option<Unit>,
+    path: &str,
+    pos: Option<(u32, u32)>,
+    err: ErrorSink<'_>,
+) -> Option<u32> {
+    match &rl.unit_multiplier {
+        None => Some(1),
+        Some(m) if m.value.0 == 0 => {
+            err(
+                at(&m.referenced).or(pos),
+                format!("'{path}' unit_multiplier must be at least 1"),
+            );
+            None
+        }
+        Some(m) => match unit {
+            Some(unit) if unit.seconds() * u64::from(m.value.0) > MAX_PERIOD_SECONDS => {
+                err(
+                    at(&m.referenced).or(pos),
+                    format!(
+                        "'{path}' period of {} {}s is longer than 100 years",
+                        m.value.0,
+                        unit.name()
+                    ),
+                );
+                None
+            }
+            _ => Some(m.value.0),
+        },
+    }
 }
 
 /// `Some(Some(zone))` for a valid calendar limit, `Some(None)` for a limit
