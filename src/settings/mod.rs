@@ -99,8 +99,10 @@ pub(crate) struct SimulateArgs {
     /// How rule files are read.
     #[command(flatten)]
     pub rule_load: RuleLoadArgs,
-    /// The most requests read and generated together: each is held for the
-    /// run, about 250 bytes of memory (so about 1 GB at the default).
+    /// The most requests held for the run (traffic files, with what is
+    /// generated beside them): about 250 bytes each (so about 1 GB at the
+    /// default). Generated traffic alone is made again for each replay and
+    /// never held, so it is not bounded by this.
     #[arg(long, default_value_t = 4_000_000, value_parser = at_least_one)]
     pub max_events: usize,
 }

@@ -44,14 +44,95 @@ pub(crate) struct Simulation {
     pub load: LoadOptions,
     /// The series' bin width (`None`: chosen for about 300 points).
     pub bin: Option<Nanos>,
-    /// The most requests loaded and generated together (`--max-events`):
-    /// each costs about 250 bytes of memory while the run lasts.
+    /// The most requests held in memory (`--max-events`): the traffic
+    /// files', with what is generated beside them; each costs about 250
+    /// bytes while the run lasts. Generated traffic alone is made again for
+    /// each scenario instead of being held, so it is not bounded by this.
     pub max_events: usize,
+}
+
+/// The traffic of a simulation: held (read from files, sorted by time), or
+/// generated as it is replayed (a spec alone, which makes the same events
+/// each time it is read).
+pub(crate) enum Traffic {
+    Held(Vec<Event>),
+    Generated {
+        spec: Generate,
+        /// How many events it makes, and the first's and last's times.
+        count: u64,
+        span: (Nanos, Nanos),
+    },
+}
+
+impl Traffic {
+    /// Generated traffic: read once through to count it and find its span.
+    fn generated(spec: Generate) -> Self {
+        let (mut count, mut first, mut last) = (0u64, None, 0);
+        for event in traffic::Generated::new(&spec) {
+            count += 1;
+            first.get_or_insert(event.at);
+            last = event.at;
+        }
+        let span = (first.unwrap_or(0), last);
+        Self::Generated { spec, count, span }
+    }
+
+    /// How many events it has.
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Self::Held(events) => events.len() as u64,
+            Self::Generated { count, .. } => *count,
+        }
+    }
+
+    /// The first event's and the last's times.
+    fn span(&self) -> (Nanos, Nanos) {
+        match self {
+            Self::Held(events) => (
+                events.first().map_or(0, |e| e.at),
+                events.last().map_or(0, |e| e.at),
+            ),
+            Self::Generated { span, .. } => *span,
+        }
+    }
+
+    /// Replays it under `rules` (see [`replay`]).
+    fn replay(
+        &self,
+        scenario: &str,
+        rules: crate::rules::RuleSet,
+        bin: Nanos,
+        progress: &dyn Fn(u64),
+    ) -> ScenarioResult {
+        match self {
+            Self::Held(events) => replay(scenario, rules, events, self.span(), bin, progress),
+            Self::Generated { spec, .. } => replay(
+                scenario,
+                rules,
+                traffic::Generated::new(spec),
+                self.span(),
+                bin,
+                progress,
+            ),
+        }
+    }
+
+    /// Writes it as JSON lines (`--save-traffic`).
+    fn save(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        match self {
+            Self::Held(events) => traffic::to_jsonl(events, out),
+            Self::Generated { spec, .. } => traffic::to_jsonl(traffic::Generated::new(spec), out),
+        }
+    }
 }
 
 /// Loads the traffic, sorted by time; the importer's notes (what the log
 /// could not give) come back too.
-pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>), String> {
+pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Traffic, Vec<String>), String> {
+    if let (Some(g), true) = (&sim.generate, sim.traffic.is_empty()) {
+        // Nothing to merge it with: made again for each replay, never held.
+        return Ok((Traffic::generated(g.clone()), Vec::new()));
+    }
     let mut events = Vec::new();
     let mut notes = Vec::new();
     let config = match &sim.envoy_config {
@@ -99,17 +180,18 @@ pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Vec<Event>, Vec<String>)
         ));
     }
     events.sort_by_key(|e| e.at);
-    Ok((events, notes))
+    Ok((Traffic::Held(events), notes))
 }
 
 /// Replays `events` under every rule set and algorithm. `progress` gets the
 /// number of events done (over all scenarios) now and then.
 pub(crate) fn run(
     sim: &Simulation,
-    events: &[Event],
+    traffic: &Traffic,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<ScenarioResult>, String> {
-    let span = events.last().map_or(0, |e| e.at) - events.first().map_or(0, |e| e.at);
+    let (first, last) = traffic.span();
+    let span = last - first;
     let bin = sim.bin.unwrap_or_else(|| replay::bin_for(span, 300));
     let bins = span / bin.max(1) + 1;
     if bins > MAX_BINS {
@@ -155,10 +237,8 @@ pub(crate) fn run(
     }
     let mut outcomes = Vec::new();
     for (i, (scenario, rules)) in scenarios.into_iter().enumerate() {
-        let base = i as u64 * events.len() as u64;
-        outcomes.push(replay(&scenario, rules, events, bin, &|n| {
-            progress(base + n)
-        }));
+        let base = i as u64 * traffic.len();
+        outcomes.push(traffic.replay(&scenario, rules, bin, &|n| progress(base + n)));
     }
     Ok(outcomes)
 }
@@ -211,7 +291,7 @@ pub(crate) fn run_cli(
     save_traffic: Option<&std::path::Path>,
 ) -> Result<(), String> {
     let loading = Instant::now();
-    let (events, notes) = load_traffic(sim)?;
+    let (traffic, notes) = load_traffic(sim)?;
     for note in &notes {
         eprintln!("tollgate simulate: {note}");
     }
@@ -219,15 +299,22 @@ pub(crate) fn run_cli(
         let mut file = std::io::BufWriter::new(
             std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
         );
-        traffic::to_jsonl(&events, &mut file).map_err(|e| format!("{}: {e}", path.display()))?;
+        traffic
+            .save(&mut file)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     eprintln!(
-        "tollgate simulate: {} requests loaded in {:.2} s",
-        events.len(),
+        "tollgate simulate: {} requests {} in {:.2} s",
+        traffic.len(),
+        if matches!(traffic, Traffic::Held(_)) {
+            "loaded"
+        } else {
+            "to generate (counted)"
+        },
         loading.elapsed().as_secs_f64()
     );
     let scenarios = sim.rules.len() * sim.algorithms.len().max(1);
-    let total = events.len() as u64 * scenarios as u64;
+    let total = traffic.len() * scenarios as u64;
     let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
@@ -242,7 +329,7 @@ pub(crate) fn run_cli(
         indicatif::ProgressBar::hidden()
     };
     let replaying = Instant::now();
-    let outcomes = run(sim, &events, &|n| bar.set_position(n))?;
+    let outcomes = run(sim, &traffic, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
     let seconds = replaying.elapsed().as_secs_f64();
     print!("{}", report::summary_text(&outcomes));

@@ -2,6 +2,7 @@
 //! loader, matcher, algorithms and memory store that `serve` uses) on a
 //! simulated clock, counting per rule.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -24,18 +25,17 @@ struct Tracking {
     limit: u32,
 }
 
-/// Replays `events` (sorted by time) under `rules`, counting in bins of
-/// `bin` nanoseconds from the first event. `progress` is told how many
-/// events are done, now and then.
-pub(crate) fn replay(
+/// Replays `events` (sorted by time, the first at `start`, the last at
+/// `end`) under `rules`, counting in bins of `bin` nanoseconds from the
+/// first event. `progress` is told how many events are done, now and then.
+pub(crate) fn replay<E: Borrow<Event>>(
     scenario: &str,
     rules: RuleSet,
-    events: &[Event],
+    events: impl IntoIterator<Item = E>,
+    (start, end): (Nanos, Nanos),
     bin: Nanos,
     progress: &dyn Fn(u64),
 ) -> ScenarioResult {
-    let start = events.first().map_or(0, |e| e.at);
-    let end = events.last().map_or(0, |e| e.at);
     let bins = ((end - start) / bin.max(1) + 1) as usize;
     let clock = ManualClock::new(start);
     // What is tracked for each rule with a limit, by the rule's index
@@ -79,10 +79,13 @@ pub(crate) fn replay(
     );
     let (mut requests, mut refused) = (0u64, 0u64);
     let (mut not_replayed, mut not_replayed_why) = (0u64, None::<String>);
-    for (n, event) in events.iter().enumerate() {
-        if n % 65_536 == 0 {
-            progress(n as u64);
+    let mut n = 0u64;
+    for event in events {
+        let event = event.borrow();
+        if n.is_multiple_of(65_536) {
+            progress(n);
         }
+        n += 1;
         clock.set(event.at);
         let request = Request {
             domain: &event.domain,
@@ -145,7 +148,7 @@ pub(crate) fn replay(
             }
         }
     }
-    progress(events.len() as u64);
+    progress(n);
     let rules = tracking
         .into_iter()
         .filter(|t| t.result.requests > 0)

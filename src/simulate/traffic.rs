@@ -302,77 +302,122 @@ impl Random {
     }
 }
 
-/// Traffic as `g` describes it: arrivals of a Poisson process (modulated
-/// on/off when bursty), each from a client drawn with Zipf weights.
-///
-/// At most `max_events` are made (the caller refuses a spec that asks for
-/// more, see `--max-events`); memory is taken as events come, not reserved
-/// for the whole run up front.
-pub(crate) fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
-    let mut random = Random(g.seed);
-    // Cumulative Zipf weights of the clients.
-    let mut cumulative = Vec::with_capacity(g.clients as usize);
-    let mut total = 0.0;
-    for i in 1..=g.clients {
-        total += 1.0 / f64::from(i).powf(g.zipf);
-        cumulative.push(total);
-    }
-    let names: Vec<Arc<str>> = (0..g.clients).map(|i| format!("c{i}").into()).collect();
-    let (domain, key): (Arc<str>, Arc<str>) = (g.domain.as_str().into(), g.key.as_str().into());
-    let mut events = Vec::with_capacity((g.expected() as usize).min(max_events).min(1 << 20));
-    let mut t = 0.0;
-    // On/off periods of 1 to 10 s: on at (1 + b) x rate, off long enough
-    // that the mean stays `rate`.
-    let on_share = 1.0 / (1.0 + g.burstiness);
-    let mut period_end = 0.0;
-    let mut on = true;
-    while t < g.seconds {
-        if g.burstiness > 0.0 && t >= period_end {
-            on = random.unit() < on_share;
-            period_end = t + 1.0 + 9.0 * random.unit();
+/// Traffic as `g` describes it, made as it is read: arrivals of a Poisson
+/// process (modulated on/off when bursty), each from a client drawn with
+/// Zipf weights. The same spec makes the same events, so a replay can read
+/// it again instead of keeping it: memory holds the clients, not the
+/// events.
+pub(crate) struct Generated<'g> {
+    g: &'g Generate,
+    random: Random,
+    /// Cumulative Zipf weights of the clients.
+    cumulative: Vec<f64>,
+    total: f64,
+    names: Vec<Arc<str>>,
+    domain: Arc<str>,
+    key: Arc<str>,
+    /// Seconds since the start.
+    t: f64,
+    /// On/off periods of 1 to 10 s: on at (1 + b) x rate, off long enough
+    /// that the mean stays `rate`.
+    on_share: f64,
+    period_end: f64,
+    on: bool,
+}
+
+impl<'g> Generated<'g> {
+    pub(crate) fn new(g: &'g Generate) -> Self {
+        let mut cumulative = Vec::with_capacity(g.clients as usize);
+        let mut total = 0.0;
+        for i in 1..=g.clients {
+            total += 1.0 / f64::from(i).powf(g.zipf);
+            cumulative.push(total);
         }
-        let rate = if g.burstiness > 0.0 {
-            if on {
-                g.rate * (1.0 + g.burstiness)
-            } else {
-                0.0
+        Self {
+            g,
+            random: Random(g.seed),
+            cumulative,
+            total,
+            names: (0..g.clients).map(|i| format!("c{i}").into()).collect(),
+            domain: g.domain.as_str().into(),
+            key: g.key.as_str().into(),
+            t: 0.0,
+            on_share: 1.0 / (1.0 + g.burstiness),
+            period_end: 0.0,
+            on: true,
+        }
+    }
+}
+
+impl Iterator for Generated<'_> {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        let g = self.g;
+        while self.t < g.seconds {
+            if g.burstiness > 0.0 && self.t >= self.period_end {
+                self.on = self.random.unit() < self.on_share;
+                self.period_end = self.t + 1.0 + 9.0 * self.random.unit();
             }
-        } else {
-            g.rate
-        };
-        if rate == 0.0 {
-            t = period_end;
-            continue;
+            let rate = if g.burstiness > 0.0 {
+                if self.on {
+                    g.rate * (1.0 + g.burstiness)
+                } else {
+                    0.0
+                }
+            } else {
+                g.rate
+            };
+            if rate == 0.0 {
+                self.t = self.period_end;
+                continue;
+            }
+            self.t += -self.random.unit().ln() / rate;
+            if g.burstiness > 0.0 && self.t >= self.period_end {
+                // The on period ended before this arrival.
+                self.t = self.period_end;
+                continue;
+            }
+            if self.t >= g.seconds {
+                break;
+            }
+            let pick = self.random.unit() * self.total;
+            let client = self
+                .cumulative
+                .partition_point(|c| *c < pick)
+                .min(self.names.len() - 1);
+            return Some(Event {
+                at: g.start * NANOS_PER_SEC + (self.t * NANOS_PER_SEC as f64) as Nanos,
+                domain: self.domain.clone(),
+                descriptors: smallvec::smallvec![smallvec::smallvec![(
+                    self.key.clone(),
+                    self.names[client].clone()
+                )]],
+                hits: 0,
+            });
         }
-        t += -random.unit().ln() / rate;
-        if g.burstiness > 0.0 && t >= period_end {
-            // The on period ended before this arrival.
-            t = period_end;
-            continue;
-        }
-        if t >= g.seconds || events.len() >= max_events {
-            break;
-        }
-        let pick = random.unit() * total;
-        let client = cumulative
-            .partition_point(|c| *c < pick)
-            .min(names.len() - 1);
-        events.push(Event {
-            at: g.start * NANOS_PER_SEC + (t * NANOS_PER_SEC as f64) as Nanos,
-            domain: domain.clone(),
-            descriptors: smallvec::smallvec![smallvec::smallvec![(
-                key.clone(),
-                names[client].clone()
-            )]],
-            hits: 0,
-        });
+        // Done: later calls end at once too.
+        self.t = g.seconds;
+        None
     }
+}
+
+/// Generated traffic, kept: at most `max_events` (the caller refuses a spec
+/// that asks for more, see `--max-events`); memory is taken as events come,
+/// not reserved for the whole run up front.
+pub(crate) fn generate(g: &Generate, max_events: usize) -> Vec<Event> {
+    let mut events = Vec::with_capacity((g.expected() as usize).min(max_events).min(1 << 20));
+    events.extend(Generated::new(g).take(max_events));
     events
 }
 
 /// Events as JSON lines, as [`read_jsonl`] reads them.
-pub(crate) fn to_jsonl(events: &[Event], out: &mut impl std::io::Write) -> std::io::Result<()> {
+pub(crate) fn to_jsonl<E: std::borrow::Borrow<Event>>(
+    events: impl IntoIterator<Item = E>,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
     for e in events {
+        let e = e.borrow();
         let descriptors: Vec<serde_json::Value> = e
             .descriptors
             .iter()
