@@ -179,6 +179,14 @@ fn simulate_refuses_a_generator_spec_past_its_bounds_before_running() {
             .expect("run");
         assert!(!out.status.success(), "{spec}");
     }
+    // Generated beside a traffic file, it is held, and bounded.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("traffic.jsonl");
+    std::fs::write(
+        &file,
+        "{\"timestamp\":1767225600,\"domain\":\"api\",\"descriptors\":[]}\n",
+    )
+    .expect("write");
     let out = Command::new(BIN)
         .args([
             "simulate",
@@ -186,9 +194,9 @@ fn simulate_refuses_a_generator_spec_past_its_bounds_before_running() {
             RULES,
             "--generate",
             "rate=1000,seconds=100",
-            "--max-events",
-            "5000",
         ])
+        .args(["--max-events", "5000", "--traffic"])
+        .arg(&file)
         .output()
         .expect("run");
     assert!(!out.status.success());

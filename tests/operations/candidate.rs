@@ -12,7 +12,7 @@ use crate::common::{Served, Tollgate, ask, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIVE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
-const CANDIDATE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}\n";
+const CANDIDATE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: fixed_window}\n";
 
 fn metric(body: &str, series: &str) -> u64 {
     crate::common::sample(body, series)
