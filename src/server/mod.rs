@@ -270,14 +270,14 @@ fn parts(
     }
     // Every decision, over gRPC or /json, is shown to the candidate rules
     // and to the view of who is limited.
-    let candidate_observer = candidate.as_ref().map(|c| c.candidate.clone() as _);
-    let limited_observer = limited.clone().map(|l| l as _);
-    limiter.set_observers(
-        candidate_observer
-            .into_iter()
-            .chain(limited_observer)
-            .collect(),
-    );
+    let mut observers: Vec<Arc<dyn crate::limiter::Observer>> = Vec::new();
+    if let Some(c) = &candidate {
+        observers.push(c.candidate.clone());
+    }
+    if let Some(l) = &limited {
+        observers.push(l.clone());
+    }
+    limiter.set_observers(observers);
     let grpc_addr = grpc.first().and_then(|l| l.local_addr().ok());
     let admin_addrs: Vec<SocketAddr> = admin.iter().filter_map(|l| l.local_addr().ok()).collect();
     let reference_addr = reference_metrics
@@ -287,25 +287,28 @@ fn parts(
     let (grpc_health, health_service) = tonic_health::server::health_reporter();
     let health = Arc::new(Health::default());
 
-    let workers = grpc
-        .into_iter()
-        .map(|listener| {
+    let mut workers = Vec::with_capacity(grpc.len());
+    for listener in grpc {
+        let service = RlsService::new(limiter.clone())
+            .with_tracing(otel.clone())
+            .into_server();
+        let rlqs_message_bytes = limiter.options().bounds.request_bytes;
+        let quota_service = RlqsService::new(quotas.clone()).into_server(rlqs_message_bytes);
+        let limits = limits.clone();
+        let tls = tls.clone();
+        let health_service = health_service.clone();
+        let stop = stop_rx.clone();
+        workers.push(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
             let dispatch = grpc::Dispatch {
-                rls: RlsService::new(limiter.clone())
-                    .with_tracing(otel.clone())
-                    .into_server(),
-                rlqs: RlqsService::new(quotas.clone())
-                    .into_server(limiter.options().bounds.request_bytes),
-                health: health_service.clone(),
-                rlqs_message_bytes: limiter.options().bounds.request_bytes,
+                rls: service,
+                rlqs: quota_service,
+                health: health_service,
+                rlqs_message_bytes,
             };
-            let (limits, tls, stop) = (limits.clone(), tls.clone(), stop_rx.clone());
-            async move {
-                let listener = tokio::net::TcpListener::from_std(listener)?;
-                grpc::serve(listener, dispatch, limits, tls, stop).await
-            }
-        })
-        .collect();
+            grpc::serve(listener, dispatch, limits, tls, stop).await
+        });
+    }
 
     let control = async move {
         let mut tasks = Background::default();

@@ -129,16 +129,18 @@ impl Traffic {
 /// Loads the traffic, sorted by time; the importer's notes (what the log
 /// could not give) come back too.
 pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Traffic, Vec<String>), String> {
+    // Read first, whatever the traffic: a configuration that does not load
+    // is an error even when no access log needs it.
+    let config = match &sim.envoy_config {
+        Some(path) => Some(envoy::EnvoyConfig::load(path)?),
+        None => None,
+    };
     if let (Some(g), true) = (&sim.generate, sim.traffic.is_empty()) {
         // Nothing to merge it with: made again for each replay, never held.
         return Ok((Traffic::generated(g.clone()), Vec::new()));
     }
     let mut events = Vec::new();
     let mut notes = Vec::new();
-    let config = match &sim.envoy_config {
-        Some(path) => Some(envoy::EnvoyConfig::load(path)?),
-        None => None,
-    };
     for path in &sim.traffic {
         match &config {
             Some(config) => {
