@@ -16,8 +16,8 @@ use futures_util::future::join;
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use super::keys::{KeyNames, script_code};
-use crate::algorithm::NANOS_PER_TICK;
+use super::keys::KeyNames;
+use super::refund::refund_args;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::store::{Check, StoreError, refused};
 
@@ -91,12 +91,7 @@ impl RedisStore {
                 invocation.key(
                     KeyNames::of(&self.inner.options.prefix, &check.key, window.index).first(),
                 );
-                let period = (check.quota.period / NANOS_PER_TICK).max(1);
-                let interval = period / u64::from(check.quota.limit.max(1));
-                invocation
-                    .arg(script_code(check.algorithm))
-                    .arg(check.charge())
-                    .arg(interval.max(1));
+                refund_args(&mut invocation, check, check.charge());
                 async move { self.invoke(invocation.slot(), &invocation).await }
             });
         let all = futures_util::future::join_all(refunds);

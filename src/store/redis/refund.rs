@@ -6,6 +6,7 @@ use futures_util::future::join_all;
 
 use super::RedisStore;
 use super::keys::{KeyNames, script_code};
+use super::script::Invocation;
 use super::slots::Group;
 use crate::algorithm::NANOS_PER_TICK;
 use crate::clock::Nanos;
@@ -82,11 +83,7 @@ impl RedisStore {
                 } else {
                     0
                 };
-                let period = (c.quota.period / NANOS_PER_TICK).max(1);
-                let interval = period / u64::from(c.quota.limit.max(1));
-                inv.arg(script_code(c.algorithm))
-                    .arg(committed)
-                    .arg(interval.max(1));
+                refund_args(&mut inv, c, committed);
             }
             async move { self.invoke(*slot, &inv).await }
         });
@@ -99,4 +96,14 @@ impl RedisStore {
                 .map_or(Ok(()), Err),
         }
     }
+}
+
+/// One check's arguments for `refund.lua`: its algorithm, the `hits` to give
+/// back, and the interval between a token bucket's tokens (µs).
+pub(super) fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64) {
+    let period = (check.quota.period / NANOS_PER_TICK).max(1);
+    let interval = period / u64::from(check.quota.limit.max(1));
+    inv.arg(script_code(check.algorithm))
+        .arg(hits)
+        .arg(interval.max(1));
 }
