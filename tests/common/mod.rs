@@ -34,12 +34,11 @@ impl Tollgate {
 
     /// As [`Tollgate::start`], with environment variables.
     pub fn start_with_env(rules: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let (dir, path) = rules_file(rules);
+        let (dir, rules) = rules_file(rules, args);
         let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
         command.arg("serve");
-        // The test's own --rules, if it passes one, replaces the rules text.
-        if !args.contains(&"--rules") && !args.contains(&"--rules-xds") {
-            command.arg("--rules").arg(&path);
+        if let Some(path) = &rules {
+            command.args(["--rules", path]);
         }
         // Free ports unless the test chose its own (to restart on the same one).
         if !args.contains(&"--grpc-addr") {
@@ -189,12 +188,9 @@ impl Served {
     /// Serves `rules` (YAML text) with extra arguments, on the current
     /// runtime (with a paused clock, every timer of the server on it).
     pub fn start(rules: &str, args: &[&str]) -> Self {
-        let (dir, path) = rules_file(rules);
-        let path = path.to_str().expect("utf-8").to_owned();
-        // The test's own --rules, if it passes one, replaces the rules text.
-        let own = args.contains(&"--rules") || args.contains(&"--rules-xds");
-        let rules_arg: &[&str] = if own { &[] } else { &["--rules", &path] };
-        let args = [rules_arg, args].concat();
+        let (dir, rules) = rules_file(rules, args);
+        let rules_arg: Vec<&str> = rules.iter().flat_map(|p| ["--rules", p]).collect();
+        let args = [&rules_arg[..], args].concat();
         let server = tollgate::test_util::InProcess::start(&args).expect("starts");
         Served {
             addr: server.grpc,
@@ -264,11 +260,15 @@ pub async fn client_of(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
         .expect("connect to tollgate")
 }
 
-/// `rules` (YAML text) written to `rules.yaml` in a new directory.
-fn rules_file(rules: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+/// `rules` (YAML text) written to `rules.yaml` in a new directory, and its
+/// path for `--rules` unless `args` name rules of their own (`--rules` or
+/// `--rules-xds`), which replace the text.
+fn rules_file(rules: &str, args: &[&str]) -> (tempfile::TempDir, Option<String>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("rules.yaml");
     std::fs::write(&path, rules).expect("write rules");
+    let own = args.contains(&"--rules") || args.contains(&"--rules-xds");
+    let path = (!own).then(|| path.to_str().expect("a UTF-8 path").to_owned());
     (dir, path)
 }
 
