@@ -182,11 +182,7 @@ impl Connections {
             let mut conn = self.connect(within, breaker).await?;
             ping(&mut conn).await
         };
-        match tokio::time::timeout(within, probe).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(redis_error(&e)),
-            Err(_) => Err(StoreError::Timeout(within)),
-        }
+        within_time(within, probe).await
     }
 
     /// `call`, within the store's timeout, its error a store error.
@@ -194,11 +190,7 @@ impl Connections {
         &self,
         call: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(redis_error(&e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        }
+        within_time(self.timeout, call).await
     }
 
     /// A new connection to the store's server whose connecting and answers
@@ -237,6 +229,18 @@ impl Connections {
             Some(certs) => redis::Client::build_with_tls(url, certs.clone()),
             None => redis::Client::open(url),
         }
+    }
+}
+
+/// `call` within `limit`, its error a store error.
+async fn within_time<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(redis_error(&e)),
+        Err(_) => Err(StoreError::Timeout(limit)),
     }
 }
 
