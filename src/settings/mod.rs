@@ -105,6 +105,11 @@ pub(crate) struct SimulateArgs {
     /// never held, so it is not bounded by this.
     #[arg(long, default_value_t = 4_000_000, value_parser = at_least_one)]
     pub max_events: usize,
+    /// The most requests `--generate` may make on its own (streamed, not
+    /// held): a bound on the run's time, each request replayed once per
+    /// scenario (about a million a second in a release build).
+    #[arg(long, default_value_t = 1_000_000_000, value_parser = at_least_one)]
+    pub max_generated: usize,
 }
 
 impl SimulateArgs {
@@ -119,6 +124,7 @@ impl SimulateArgs {
             load: self.rule_load.load_options(),
             bin: self.bin.map(|b| b.as_nanos() as u64),
             max_events: self.max_events,
+            max_generated: self.max_generated,
         }
     }
 }

@@ -49,6 +49,9 @@ pub(crate) struct Simulation {
     /// bytes while the run lasts. Generated traffic alone is made again for
     /// each scenario instead of being held, so it is not bounded by this.
     pub max_events: usize,
+    /// The most requests generated traffic alone may make
+    /// (`--max-generated`): a bound on the run's time, not its memory.
+    pub max_generated: usize,
 }
 
 /// The traffic of a simulation: held (read from files, sorted by time), or
@@ -136,6 +139,13 @@ pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Traffic, Vec<String>), S
         None => None,
     };
     if let (Some(g), true) = (&sim.generate, sim.traffic.is_empty()) {
+        if g.expected() > sim.max_generated as f64 {
+            return Err(format!(
+                "--generate asks for about {:.0} requests, more than --max-generated {}",
+                g.expected(),
+                sim.max_generated
+            ));
+        }
         // Nothing to merge it with: made again for each replay, never held.
         return Ok((Traffic::generated(g.clone()), Vec::new()));
     }

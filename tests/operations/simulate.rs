@@ -347,6 +347,42 @@ fn a_long_generated_run_streams_in_bounded_memory() {
     );
 }
 
+/// Generated traffic alone is bounded in time instead: a spec past
+/// --max-generated is refused at once, naming it (before, a legal spec of a
+/// billion a second for 2e9 s would count its requests for ever).
+#[test]
+fn a_generated_run_past_max_generated_is_refused_before_it_starts() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/simulate/rules.yaml");
+    let started = std::time::Instant::now();
+    let error = simulate_fails(&[
+        "--rules",
+        rules,
+        "--generate",
+        "rate=1000000000,seconds=2000000000,domain=shop,key=client",
+    ]);
+    assert!(
+        error.contains("more than --max-generated 1000000000"),
+        "{error}"
+    );
+    let error = simulate_fails(&[
+        "--rules",
+        rules,
+        "--generate",
+        "rate=1000,seconds=100,domain=shop,key=client",
+        "--max-generated",
+        "5000",
+    ]);
+    assert!(
+        error.contains("about 100000 requests, more than --max-generated 5000"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "refused up front: {:?}",
+        started.elapsed()
+    );
+}
+
 /// Traffic that is held (files, and what is generated beside them) past
 /// --max-events is refused before any of it is made, naming the bound.
 #[test]
