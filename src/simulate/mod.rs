@@ -15,12 +15,14 @@ use crate::clock::Nanos;
 use crate::rules::{LoadOptions, load_paths};
 
 pub(crate) mod envoy;
+pub(crate) mod generate;
 pub(crate) mod replay;
 pub(crate) mod traffic;
 
 use crate::report::{self, ScenarioResult};
+pub(crate) use generate::Generate;
 pub(crate) use replay::replay;
-pub(crate) use traffic::{Event, Generate};
+pub(crate) use traffic::Event;
 
 /// The most bins of a series (per rule and scenario): a narrow `--bin`
 /// over a long span would otherwise ask for more memory than there is.
@@ -71,7 +73,7 @@ impl Traffic {
     /// Generated traffic: read once through to count it and find its span.
     fn generated(spec: Generate) -> Self {
         let (mut count, mut first, mut last) = (0u64, None, 0);
-        for event in traffic::Generated::new(&spec) {
+        for event in generate::Generated::new(&spec) {
             count += 1;
             first.get_or_insert(event.at);
             last = event.at;
@@ -112,7 +114,7 @@ impl Traffic {
             Self::Generated { spec, .. } => replay(
                 scenario,
                 rules,
-                traffic::Generated::new(spec),
+                generate::Generated::new(spec),
                 self.span(),
                 bin,
                 progress,
@@ -124,7 +126,7 @@ impl Traffic {
     fn save(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         match self {
             Self::Held(events) => traffic::to_jsonl(events, out),
-            Self::Generated { spec, .. } => traffic::to_jsonl(traffic::Generated::new(spec), out),
+            Self::Generated { spec, .. } => traffic::to_jsonl(generate::Generated::new(spec), out),
         }
     }
 }
@@ -177,7 +179,7 @@ pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Traffic, Vec<String>), S
                 sim.max_events
             ));
         }
-        events.extend(traffic::generate(g, room));
+        events.extend(generate::generate(g, room));
     }
     if events.is_empty() {
         // What the importer could not read says why nothing was imported.
