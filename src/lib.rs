@@ -79,6 +79,7 @@ pub(crate) mod shards;
 pub(crate) mod simulate;
 pub(crate) mod stats;
 pub(crate) mod top;
+pub(crate) mod wire_text;
 pub(crate) mod xds;
 
 pub use admin::request_from_json;

@@ -3,25 +3,54 @@
 //! the rules and their handles from one snapshot; the rules themselves know
 //! nothing of metrics.
 
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use crate::metrics::{LimitStats, Metrics};
-use crate::rules::{Rule, RuleSet};
+use crate::rules::{FailureMode, Rule, RuleSet};
 
 /// A rule set and, by [`Rule::index`], each rule's counters.
 pub(crate) struct Compiled {
     rules: Arc<RuleSet>,
     stats: Box<[OnceLock<Arc<LimitStats>>]>,
+    /// Domains with a limit whose failure mode is `deny`, and those with a
+    /// limit that takes the process's failure mode (see
+    /// [`Compiled::denies_undecided`]).
+    deny: HashSet<Box<str>>,
+    default_mode: HashSet<Box<str>>,
 }
 
 impl Compiled {
     /// `rules`, no handle found yet.
     pub(super) fn new(rules: RuleSet) -> Self {
         let stats = (0..rules.rules().len()).map(|_| OnceLock::new()).collect();
+        let mut deny = HashSet::new();
+        let mut default_mode = HashSet::new();
+        for rule in rules.rules() {
+            match rule.limit.as_ref().map(|l| l.failure_mode) {
+                Some(Some(FailureMode::Deny)) => deny.insert(rule.domain.clone()),
+                Some(None) => default_mode.insert(rule.domain.clone()),
+                _ => false,
+            };
+        }
         Self {
             rules: Arc::new(rules),
             stats,
+            deny,
+            default_mode,
         }
+    }
+
+    /// Whether a request that cannot be decided (it does not decode, or
+    /// breaks a bound) must be refused rather than failed: its domain
+    /// (`None`: not known, so any domain) has a limit whose failure mode is
+    /// `deny`, given or (`default`) the process's.
+    pub(super) fn denies_undecided(&self, domain: Option<&str>, default: FailureMode) -> bool {
+        let denies = |set: &HashSet<Box<str>>| match domain {
+            Some(d) => set.contains(d),
+            None => !set.is_empty(),
+        };
+        denies(&self.deny) || (default == FailureMode::Deny && denies(&self.default_mode))
     }
 
     /// The rules.

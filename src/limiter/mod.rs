@@ -197,6 +197,18 @@ impl Limiter {
         self.rules.store(Arc::new(compiled::Compiled::new(rules)));
     }
 
+    /// Whether a request that cannot be decided (it does not decode, or it
+    /// breaks a bound) is to be refused: its domain (`None` when not even
+    /// that could be read: any domain) has a limit that fails closed
+    /// (`failure_mode: deny`, given or by `--failure-mode`). Answering such
+    /// a request with an error would let it through: Envoy fails open on
+    /// errors unless told otherwise.
+    pub fn denies_undecided(&self, domain: Option<&str>) -> bool {
+        self.rules
+            .load()
+            .denies_undecided(domain, self.options.failure_mode)
+    }
+
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load().rules().clone()

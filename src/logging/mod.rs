@@ -58,12 +58,15 @@ impl Summarised {
         }
     }
 
-    /// Counts one event and keeps its message for the next summary.
+    /// Counts one event and keeps its message for the next summary (unless
+    /// another thread is keeping one: under a flood, a message is as good
+    /// as another, and no caller waits for the lock).
     fn record(&self, message: &str) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        let mut last = self.last.lock();
-        last.clear();
-        last.push_str(crate::metrics::truncated(message, MAX_REASON_BYTES));
+        if let Some(mut last) = self.last.try_lock() {
+            last.clear();
+            last.push_str(crate::metrics::truncated(message, MAX_REASON_BYTES));
+        }
     }
 
     /// The total, the events since `seen` and the last message, if any
@@ -79,6 +82,16 @@ static REDIS_WARNINGS: Summarised = Summarised::new();
 /// The tracing exporter's warnings and errors (a collector that refuses or
 /// does not answer): summarised, as one batch fails every few seconds.
 static EXPORT_FAILURES: Summarised = Summarised::new();
+/// Rate limit requests that could not be decided (malformed, or above a
+/// bound): a hostile client can send them at any rate.
+static UNDECIDED: Summarised = Summarised::new();
+
+/// Keeps an undecided request's reason (`refused`: answered OVER_LIMIT, its
+/// domain failing closed; else failed with an error) for the next summary.
+pub(crate) fn undecided(reason: &str, refused: bool) {
+    let answer = if refused { "OVER_LIMIT" } else { "an error" };
+    UNDECIDED.record(&format!("{reason} (answered {answer})"));
+}
 
 /// The targets of the OpenTelemetry crates' own log events.
 const OTEL_TARGETS: [&str; 3] = ["opentelemetry", "opentelemetry_sdk", "opentelemetry-otlp"];
@@ -233,6 +246,7 @@ fn log_summaries_forever() {
     let mut refused = Quiet::new(REFUSED_LOG_INTERVAL);
     let mut redis = Quiet::new(REFUSED_LOG_INTERVAL);
     let mut export = Quiet::new(REFUSED_LOG_INTERVAL);
+    let mut undecided = Quiet::new(REFUSED_LOG_INTERVAL);
     loop {
         std::thread::sleep(Duration::from_secs(1));
         if let Some((total, new, last)) = refused.tick(&REFUSALS) {
@@ -250,6 +264,16 @@ fn log_summaries_forever() {
                 total,
                 last = %last,
                 "spans could not be exported to the collector (summarised: at most one line per 10 s)"
+            );
+        }
+        if let Some((total, new, last)) = undecided.tick(&UNDECIDED) {
+            tracing::warn!(
+                requests = new,
+                total,
+                last = %last,
+                "rate limit requests could not be decided: malformed, or above a bound \
+                 (refused where their domain has a limit with failure_mode deny; \
+                 summarised: at most one line per 10 s)"
             );
         }
         if let Some((total, new, last)) = redis.tick(&REDIS_WARNINGS) {

@@ -122,6 +122,9 @@ pub struct Metrics {
     pub invalid_argument: AtomicU64,
     /// Requests answered UNAVAILABLE (the reference's store-error mode).
     pub unavailable: AtomicU64,
+    /// Requests that could not be decided (malformed, or above a bound)
+    /// answered OVER_LIMIT, their domain failing closed.
+    pub undecided_refused: AtomicU64,
     /// Store call latency.
     pub store_call: Histogram,
     /// Store errors: timeouts.
@@ -158,6 +161,7 @@ impl Metrics {
             response_time: Histogram::default(),
             response_samples: Samples::default(),
             invalid_argument: AtomicU64::new(0),
+            undecided_refused: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
             store_call: Histogram::default(),
             store_timeout: AtomicU64::new(0),
@@ -306,6 +310,11 @@ impl Metrics {
             "ratelimit_service_call_should_rate_limit_service_error",
             "Requests refused as malformed (INVALID_ARGUMENT).",
             load(&self.invalid_argument),
+        )
+        .counter(
+            "tollgate_undecided_refused_total",
+            "Requests that could not be decided (malformed, or above a bound) answered OVER_LIMIT because their domain has a limit with failure mode deny.",
+            load(&self.undecided_refused),
         )
         .counter(
             "ratelimit_service_call_should_rate_limit_redis_error",

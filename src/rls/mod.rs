@@ -19,6 +19,7 @@ use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::limiter::{self, Decision, Descriptor, LimitError, LimitOverride, Limiter};
 use crate::rules::Unit;
 
+mod decode;
 mod unary;
 mod wire;
 
@@ -64,14 +65,53 @@ impl RlsService {
     /// Decides one request: the decision (to answer with), or the gRPC
     /// status to fail it with.
     async fn decision(&self, request: &RateLimitRequest) -> Result<Decision, Status> {
-        let domain_request = to_domain(request)?;
+        let domain_request = match to_domain(request) {
+            Ok(r) => r,
+            Err(status) => return self.undecided(Some(&request.domain), status),
+        };
         let decided = match self.limiter.decide_now(&domain_request) {
             Some(decided) => decided,
             // Boxed, so the common (memory store) path above keeps this
             // handler's future small.
             None => Box::pin(self.limiter.should_rate_limit(&domain_request)).await,
         };
-        decided.map_err(status_of)
+        decided.or_else(|e| self.failed(&request.domain, e))
+    }
+
+    /// A request of `domain` the limiter could not decide.
+    fn failed(&self, domain: &str, error: LimitError) -> Result<Decision, Status> {
+        match error {
+            LimitError::InvalidArgument(reason) => {
+                self.undecided(Some(domain), Status::invalid_argument(reason))
+            }
+            e @ LimitError::Unavailable(_) => Err(status_of(e)),
+        }
+    }
+
+    /// A request that cannot be decided (it does not decode, or breaks a
+    /// bound), of `domain` if it could be read: refused (OVER_LIMIT) if
+    /// that domain has a limit that fails closed, since Envoy lets a
+    /// request through on an error unless `failure_mode_deny` is set;
+    /// otherwise failed with `status` (the reference's answer).
+    pub(crate) fn undecided(
+        &self,
+        domain: Option<&str>,
+        status: Status,
+    ) -> Result<Decision, Status> {
+        let refused = self.limiter.denies_undecided(domain);
+        crate::logging::undecided(status.message(), refused);
+        if !refused {
+            return Err(status);
+        }
+        self.limiter
+            .metrics()
+            .undecided_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Decision {
+            over_limit: true,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+        })
     }
 
     /// [`RlsService::decision`] inside a span, continuing the trace in
@@ -84,13 +124,13 @@ impl RlsService {
     ) -> Result<Decision, Status> {
         let span = otel.request_span(headers, &request.domain, request.descriptors.len());
         let result = match to_domain(request) {
-            Err(status) => Err(status),
+            Err(status) => self.undecided(Some(&request.domain), status),
             Ok(domain_request) => {
                 let (decided, store) = self.limiter.should_rate_limit_timed(&domain_request).await;
                 if let Some(call) = &store {
                     otel.store_span(&span, call.start, call.end, call.error.as_deref());
                 }
-                decided.map_err(status_of)
+                decided.or_else(|e| self.failed(&request.domain, e))
             }
         };
         span.finish(match &result {

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use prost::Message;
 use tonic::Status;
 
 use super::{RlsService, wire};
@@ -107,7 +106,7 @@ impl RlsServer {
             return Box::pin(async move {
                 let request = match read_request(request.into_body(), max).await {
                     Ok(request) => request,
-                    Err(status) => return Ok(status_reply(&status)),
+                    Err(status) => return Ok(reply_of(service.undecided(None, status))),
                 };
                 Ok(
                     match service.traced_decision(&otel, &headers, &request).await {
@@ -120,12 +119,9 @@ impl RlsServer {
         Box::pin(async move {
             let request = match read_request(request.into_body(), max).await {
                 Ok(request) => request,
-                Err(status) => return Ok(status_reply(&status)),
+                Err(status) => return Ok(reply_of(service.undecided(None, status))),
             };
-            Ok(match service.decision(&request).await {
-                Ok(decision) => ok_reply(&decision),
-                Err(status) => status_reply(&status),
-            })
+            Ok(reply_of(service.decision(&request).await))
         })
     }
 }
@@ -137,7 +133,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let message = read_message(body, max).await?;
-    RateLimitRequest::decode(message)
+    super::decode::request(message)
         .map_err(|e| Status::invalid_argument(format!("request is not a RateLimitRequest: {e}")))
 }
 
@@ -187,6 +183,14 @@ fn too_large(bytes: usize, max: usize) -> Status {
     Status::resource_exhausted(format!(
         "request message of {bytes} bytes is above the bound of {max} (--max-request-bytes)"
     ))
+}
+
+/// The reply to a decision, or to the status that failed it.
+fn reply_of(decided: Result<Decision, Status>) -> Reply {
+    match decided {
+        Ok(decision) => ok_reply(&decision),
+        Err(status) => status_reply(&status),
+    }
 }
 
 /// An answer: one data frame with the message, then `grpc-status: 0`.

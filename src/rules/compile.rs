@@ -131,14 +131,19 @@ impl Compiler {
             let raw = spanned.value;
             let err = |msg: String| RuleError::new(file, pos, msg);
             let key = match raw.key.as_ref().map(|k| k.0.as_str()) {
-                Some(k) if !k.is_empty() => k.to_owned(),
+                Some(k) if !k.is_empty() => crate::wire_text::of_rule(k).into_owned(),
                 _ => {
                     self.errors
                         .push(err("descriptor has empty key (set `key:`)".into()));
                     continue;
                 }
             };
-            let value = raw.value.as_ref().map(|v| v.0.clone());
+            // As a value read off the wire would be (the same text, unless
+            // it begins with the marker of bytes that were not UTF-8).
+            let value = raw
+                .value
+                .as_ref()
+                .map(|v| crate::wire_text::of_rule(&v.0).into_owned());
             let composite = match &value {
                 Some(v) => format!("{key}_{v}"),
                 None => key.clone(),

@@ -10,18 +10,17 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::common::envoy::http;
+use crate::common::raw::{PATH, ask_bytes, frame, raw_call, raw_call_answer, request_bytes};
 use crate::common::redis::RedisServer;
 use crate::common::{
     Served, Tollgate, ask, descriptor, eventually, holds_within, request, run_briefly, wait_until,
 };
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tollgate::test_util::InProcess;
 
@@ -43,7 +42,14 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3, failure_mode: deny}
 ";
 
-const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// [`RULES`] without the limit that fails closed: requests that cannot be
+/// decided are answered with an error naming why (with it, OVER_LIMIT).
+fn open_rules() -> String {
+    let (open, _) = RULES
+        .split_once("  - key: victim")
+        .expect("the victim rule");
+    open.to_owned()
+}
 
 /// Whether the server closes `stream` (EOF or reset) within `within`.
 fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
@@ -73,62 +79,119 @@ const JSON: &[(&str, &str)] = &[("Content-Type", "application/json")];
 /// The HTTP/2 client preface and an empty SETTINGS frame.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
-/// A raw gRPC call: one HTTP/2 request with `content_type` and `body` (then,
-/// when `hold` is set, a body that never ends). Returns the HTTP status and
-/// the grpc-status (from headers or trailers).
-async fn raw_call(
-    addr: SocketAddr,
-    content_type: &str,
-    body: Vec<u8>,
-    hold: bool,
-) -> (u16, Option<String>) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("handshake");
-    tokio::spawn(conn);
-    let first = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(
-        Bytes::from(body),
-    ))]);
-    let stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> = if hold {
-        Box::pin(futures_util::StreamExt::chain(
-            first,
-            futures_util::stream::pending(),
-        ))
-    } else {
-        Box::pin(first)
-    };
-    let request = http::Request::post(format!("http://{addr}{PATH}"))
-        .header("content-type", content_type)
-        .header("te", "trailers")
-        .body(StreamBody::new(stream))
-        .expect("request");
-    let response = sender.send_request(request).await.expect("response");
-    let status = response.status().as_u16();
-    let from_headers = response
-        .headers()
-        .get("grpc-status")
-        .map(|v| v.to_str().unwrap_or("").to_owned());
-    let collected = response.into_body().collect().await.expect("body");
-    let from_trailers = collected
-        .trailers()
-        .and_then(|t| t.get("grpc-status"))
-        .map(|v| v.to_str().unwrap_or("").to_owned());
-    (status, from_headers.or(from_trailers))
+/// The count of `over_limit` answers in `answers`.
+fn refused(answers: &[RateLimitResponse]) -> usize {
+    answers
+        .iter()
+        .filter(|a| a.overall_code == Code::OverLimit as i32)
+        .count()
 }
 
-/// A gRPC frame: uncompressed, with its length.
-fn frame(message: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8];
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out
+#[tokio::test]
+async fn bytes_that_are_not_utf8_are_counted_distinctly_not_refused() {
+    let server = Served::start(RULES, &[]);
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        answers.push(ask_bytes(server.addr, b"gw", &[&[(b"user", b"mallory\xff")]]).await);
+    }
+    assert_eq!(
+        refused(&answers),
+        2,
+        "3 an hour, as for any user: {answers:?}"
+    );
+    // Other bytes are another client; the marker's text is a third.
+    let mut others = Vec::new();
+    for value in [&b"mallory\xfe"[..], "\u{FFFD}mallory\\xff".as_bytes()] {
+        for _ in 0..3 {
+            others.push(ask_bytes(server.addr, b"gw", &[&[(b"user", value)]]).await);
+        }
+    }
+    assert_eq!(refused(&others), 0, "{others:?}");
+    // A domain or key that is not UTF-8 is read too (and matches nothing).
+    let other = ask_bytes(server.addr, b"g\xffw", &[&[(b"us\xc3er", b"a")]]).await;
+    assert_eq!(other.overall_code, Code::Ok as i32);
+    // The view of who is limited shows the value escaped.
+    let limited = server.http("GET", "/limited", &[], "").await;
+    assert!(limited.body.contains("mallory\\\\xff"), "{}", limited.body);
+}
+
+#[tokio::test]
+async fn requests_that_cannot_be_decided_are_refused_where_a_limit_fails_closed() {
+    let server = Served::start(RULES, &["--max-request-bytes", "200000"]);
+    let ok = frame(&prost::Message::encode_to_vec(&request(
+        "gw",
+        &[&[("user", "a")]],
+    )));
+    let mut compressed = ok.clone();
+    compressed[0] = 1;
+    let mut huge_prefix = ok.clone();
+    huge_prefix[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+    let long = "x".repeat(70_000);
+    let wide: Vec<(Vec<u8>, Vec<u8>)> = (0..33)
+        .map(|i| (format!("k{i}").into_bytes(), b"v".to_vec()))
+        .collect();
+    let wide: Vec<(&[u8], &[u8])> = wide.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let undecidable = [
+        ("a message cut short", frame(&[0x0a, 100, b'g', b'w'])),
+        ("a compressed message", compressed),
+        ("no message", Vec::new()),
+        ("two messages", [ok.clone(), ok.clone()].concat()),
+        ("a length above the bound", huge_prefix),
+        (
+            "a value above --max-value-bytes",
+            frame(&request_bytes(b"gw", &[&[(b"user", long.as_bytes())]])),
+        ),
+        (
+            "entries above --max-entries",
+            frame(&request_bytes(b"gw", &[&wide])),
+        ),
+        (
+            "an empty key",
+            frame(&request_bytes(b"gw", &[&[(b"", b"v")]])),
+        ),
+    ];
+    for (what, body) in &undecidable {
+        let (status, grpc, answer) =
+            raw_call_answer(server.addr, "application/grpc", body.clone(), false).await;
+        assert_eq!(
+            (status, grpc.as_deref()),
+            (200, Some("0")),
+            "{what}: answered, not failed"
+        );
+        assert_eq!(
+            answer.map(|a| a.overall_code),
+            Some(Code::OverLimit as i32),
+            "{what}: refused, since domain gw has a limit with failure_mode deny"
+        );
+    }
+    assert_eq!(
+        server.metric("tollgate_undecided_refused_total").await,
+        undecidable.len() as u64
+    );
+    // A domain with no such limit is answered as the reference answers.
+    let (_, grpc, _) = raw_call_answer(
+        server.addr,
+        "application/grpc",
+        frame(&request_bytes(
+            b"elsewhere",
+            &[&[(b"user", long.as_bytes())]],
+        )),
+        false,
+    )
+    .await;
+    assert_eq!(grpc.as_deref(), Some("3"), "INVALID_ARGUMENT");
+    // The whole process failing closed by default (--failure-mode deny)
+    // counts too, for any domain with a limit.
+    let closed = Served::start(&open_rules(), &["--failure-mode", "deny"]);
+    let (_, grpc, answer) =
+        raw_call_answer(closed.addr, "application/grpc", frame(&[0x0a, 100]), false).await;
+    assert_eq!(grpc.as_deref(), Some("0"));
+    assert_eq!(answer.map(|a| a.overall_code), Some(Code::OverLimit as i32));
 }
 
 #[tokio::test]
 async fn oversized_requests_are_refused_naming_the_bound() {
-    let server = Served::start(RULES, &["--max-request-bytes", "200000"]);
+    let server = Served::start(&open_rules(), &["--max-request-bytes", "200000"]);
     let mut client = server.client().await;
     let many = RateLimitRequest {
         domain: "gw".into(),
@@ -201,7 +264,7 @@ async fn oversized_requests_are_refused_naming_the_bound() {
 
 #[tokio::test]
 async fn malformed_bodies_and_content_types_are_the_clients_error() {
-    let server = Served::start(RULES, &[]);
+    let server = Served::start(&open_rules(), &[]);
     // Field 1 (domain) as a length-delimited string of 100 bytes, cut short.
     let garbage = frame(&[0x0a, 100, b'g', b'w']);
     let (status, grpc) = raw_call(server.addr, "application/grpc", garbage, false).await;
@@ -745,9 +808,10 @@ async fn a_flood_of_huge_requests_cannot_turn_redis_limits_off() {
                         .collect(),
                     hits_addend: 0,
                 };
+                // Refused: its domain has a limit that fails closed.
                 match client.should_rate_limit(huge).await {
-                    Err(s) if s.code() == tonic::Code::InvalidArgument => refused += 1,
-                    other => panic!("a 2,000-descriptor request was answered: {other:?}"),
+                    Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => refused += 1,
+                    other => panic!("a 2,000-descriptor request was not refused: {other:?}"),
                 }
             }
             refused

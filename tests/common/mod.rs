@@ -422,6 +422,7 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 }
 pub mod envoy;
 pub mod gateway;
+pub mod raw;
 pub mod redis;
 mod served;
 pub mod tls;

@@ -1,0 +1,110 @@
+//! Text from the wire, whatever its bytes.
+//!
+//! Envoy copies request headers into descriptors byte for byte, so a
+//! descriptor value (or a quota bucket's) can be any bytes, while protobuf's
+//! `string` must be UTF-8. Refusing such a request would let the client
+//! through (Envoy fails open on an error by default), so Tollgate reads
+//! these fields as bytes and makes them text losslessly:
+//!
+//! - UTF-8 that does not begin with [`MARKER`] is kept as it is (every value
+//!   a rule can name, and all but a hostile client's);
+//! - anything else is [`MARKER`] followed by the bytes with each byte that is
+//!   not part of valid UTF-8 written `\xHH` and each backslash `\\`.
+//!
+//! The mapping is injective (the two forms are told apart by the marker, and
+//! the escaped form decodes unambiguously), so distinct bytes stay distinct
+//! counters on every store, and the escaped form is readable in logs and
+//! the admin view: `x-user: mallory\xff` is counted and shown as
+//! `\u{FFFD}mallory\xff`.
+
+/// Begins every value that was not plain UTF-8 on the wire (U+FFFD, the
+/// replacement character, which is what a reader would show there anyway).
+pub(crate) const MARKER: char = '\u{FFFD}';
+
+/// `bytes` as text, losslessly (see the module's doc). Valid UTF-8 not
+/// beginning with the marker is taken without a copy.
+pub(crate) fn from_wire(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(text) if !text.starts_with(MARKER) => text,
+        Ok(text) => escaped(text.as_bytes()),
+        Err(e) => escaped(e.as_bytes()),
+    }
+}
+
+/// A rule's value as it must be written to match what [`from_wire`] makes of
+/// the same bytes: itself, unless it begins with the marker.
+pub(crate) fn of_rule(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.starts_with(MARKER) {
+        std::borrow::Cow::Owned(escaped(value.as_bytes()))
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
+}
+
+/// The marker, then `bytes` with invalid bytes as `\xHH` and backslashes
+/// doubled.
+fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 8);
+    out.push(MARKER);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn utf8_is_kept_and_other_bytes_are_escaped_after_the_marker() {
+        assert_eq!(from_wire(b"alice".to_vec()), "alice");
+        assert_eq!(from_wire("zoë".as_bytes().to_vec()), "zoë");
+        assert_eq!(from_wire(b"mallory\xff".to_vec()), "\u{FFFD}mallory\\xff");
+        assert_eq!(from_wire(b"a\\b\x80".to_vec()), "\u{FFFD}a\\\\b\\x80");
+        // A lone continuation byte, a truncated sequence, an overlong form.
+        assert_eq!(from_wire(vec![0xe2, 0x82]), "\u{FFFD}\\xe2\\x82");
+        assert_eq!(from_wire(vec![0xc0, 0xaf]), "\u{FFFD}\\xc0\\xaf");
+        // Valid UTF-8 that begins with the marker is escaped too, so it
+        // cannot pose as another client's escaped bytes.
+        let posing = "\u{FFFD}mallory\\xff";
+        assert_ne!(from_wire(posing.as_bytes().to_vec()), posing);
+        assert_eq!(of_rule(posing), from_wire(posing.as_bytes().to_vec()));
+        assert_eq!(of_rule("alice"), "alice");
+    }
+
+    proptest! {
+        /// Distinct bytes are distinct text.
+        #[test]
+        fn distinct_bytes_stay_distinct(
+            values in proptest::collection::vec(
+                prop_oneof![
+                    proptest::collection::vec(any::<u8>(), 0..12),
+                    "[a\\\\\u{FFFD}x0-9f]{0,8}".prop_map(String::into_bytes),
+                ],
+                1..40,
+            )
+        ) {
+            let mut seen: HashMap<String, Vec<u8>> = HashMap::new();
+            for bytes in values {
+                let text = from_wire(bytes.clone());
+                if let Some(earlier) = seen.insert(text.clone(), bytes.clone()) {
+                    prop_assert_eq!(&earlier, &bytes, "{:?} and {:?} both became {:?}", earlier, bytes, text);
+                }
+            }
+        }
+    }
+}
