@@ -41,6 +41,41 @@ pub(crate) fn of_rule(value: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// The bytes [`from_wire`] made `text` from: `text` itself, unless it
+/// begins with the marker (the way back, for answers that must name what
+/// the client sent, such as a quota bucket).
+pub(crate) fn to_wire(text: &str) -> std::borrow::Cow<'_, [u8]> {
+    let Some(escaped) = text.strip_prefix(MARKER) else {
+        return std::borrow::Cow::Borrowed(text.as_bytes());
+    };
+    let mut out = Vec::with_capacity(escaped.len());
+    let mut rest = escaped.as_bytes();
+    while let Some((&b, after)) = rest.split_first() {
+        rest = after;
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        match rest {
+            [b'\\', after @ ..] => {
+                out.push(b'\\');
+                rest = after;
+            }
+            [b'x', h, l, after @ ..] => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(*h), hex(*l)) {
+                    (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+                    // Never made by `from_wire`: kept as written.
+                    _ => out.extend_from_slice(&[b'\\', b'x', *h, *l]),
+                }
+                rest = after;
+            }
+            _ => out.push(b'\\'),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The marker, then `bytes` with invalid bytes as `\xHH` and backslashes
 /// doubled.
 fn escaped(bytes: &[u8]) -> String {
@@ -101,6 +136,7 @@ mod tests {
             let mut seen: HashMap<String, Vec<u8>> = HashMap::new();
             for bytes in values {
                 let text = from_wire(bytes.clone());
+                prop_assert_eq!(&*to_wire(&text), &bytes[..], "the way back");
                 if let Some(earlier) = seen.insert(text.clone(), bytes.clone()) {
                     prop_assert_eq!(&earlier, &bytes, "{:?} and {:?} both became {:?}", earlier, bytes, text);
                 }

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
-    RateLimitQuotaService, RateLimitQuotaServiceServer,
-};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -28,6 +26,7 @@ mod handles;
 mod options;
 mod outbox;
 mod quotas;
+mod server;
 pub(crate) mod share;
 mod sync;
 mod view;
@@ -72,8 +71,8 @@ impl RlqsService {
     }
 
     /// The HTTP/2 service, refusing messages above `max_message_bytes`.
-    pub(crate) fn into_server(self, max_message_bytes: usize) -> RateLimitQuotaServiceServer<Self> {
-        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(max_message_bytes)
+    pub(crate) fn into_server(self, max_message_bytes: usize) -> server::QuotaServer {
+        server::QuotaServer::new(self, max_message_bytes)
     }
 }
 

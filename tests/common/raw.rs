@@ -80,7 +80,8 @@ pub fn frame(message: &[u8]) -> Vec<u8> {
     out
 }
 
-fn varint(out: &mut Vec<u8>, mut v: usize) {
+/// A varint, as protobuf writes it.
+pub fn varint(out: &mut Vec<u8>, mut v: usize) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -88,7 +89,8 @@ fn varint(out: &mut Vec<u8>, mut v: usize) {
     out.push(v as u8);
 }
 
-fn bytes_field(out: &mut Vec<u8>, field: u8, value: &[u8]) {
+/// A length-delimited field (a string, bytes or a message) of any bytes.
+pub fn bytes_field(out: &mut Vec<u8>, field: u8, value: &[u8]) {
     out.push(field << 3 | 2);
     varint(out, value.len());
     out.extend_from_slice(value);

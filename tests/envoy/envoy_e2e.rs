@@ -128,6 +128,49 @@ fn anonymous_traffic_is_limited_with_headers_from_envoy_and_tollgate() {
     );
 }
 
+/// A GET of `/items` through `g` with one header given as raw bytes (which
+/// need not be UTF-8); the response's status.
+fn get_with_raw_header(g: &Gateway, header: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect_timeout(&g.addr, Duration::from_secs(2)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut request = format!(
+        "GET /items HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+        g.addr
+    )
+    .into_bytes();
+    request.extend_from_slice(header);
+    request.extend_from_slice(b"\r\n\r\n");
+    stream.write_all(&request).expect("send");
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let head = String::from_utf8_lossy(&raw);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {head:?}"))
+}
+
+#[test]
+fn a_header_value_that_is_not_utf8_is_limited_like_any_other() {
+    let tollgate = Tollgate::start(GATEWAY_RULES, &[]);
+    let g = gateway("gateway.yaml", tollgate.addr.port());
+    // per-user: 2 an hour. Before, each of these was undecodable (a
+    // protobuf string must be UTF-8), Envoy failed open, and all passed.
+    let statuses: Vec<u16> = (0..5)
+        .map(|_| get_with_raw_header(&g, b"x-user-id: mallory\xff"))
+        .collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    // Other bytes are another client.
+    assert_eq!(get_with_raw_header(&g, b"x-user-id: mallory\xfe"), 200);
+    assert_eq!(get_with_raw_header(&g, b"x-user-id: mallory"), 200);
+    // Envoy's own count (the stats of the route's cluster): refused by the
+    // service, never an error.
+    assert_eq!(g.envoy.stat("cluster.upstream.ratelimit.over_limit"), 3);
+    assert_eq!(g.envoy.stat("cluster.upstream.ratelimit.error"), 0);
+}
+
 #[test]
 fn the_user_limit_trips_first_and_spends_nothing_of_the_organisation() {
     let tollgate = Tollgate::start(GATEWAY_RULES, &[]);

@@ -473,3 +473,57 @@ async fn two_hundred_streams_that_never_read_cost_a_bounded_amount_of_memory() {
         call.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::await_holding_lock)] // the guard only orders this binary's tests
+async fn a_bucket_value_that_is_not_utf8_is_answered_and_the_stream_lives_on() {
+    use crate::common::raw::{bytes_field, varint};
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse;
+    let _alone = alone();
+    let tollgate = Tollgate::start(RULES, &[]);
+    // A report of one bucket {api_key: "mallory\xff"}, 3 requests allowed.
+    let mut pair = Vec::new();
+    bytes_field(&mut pair, 1, b"api_key");
+    bytes_field(&mut pair, 2, b"mallory\xff");
+    let mut id = Vec::new();
+    bytes_field(&mut id, 1, &pair);
+    let mut usage = Vec::new();
+    bytes_field(&mut usage, 1, &id);
+    usage.push(3 << 3);
+    varint(&mut usage, 3);
+    let mut report = Vec::new();
+    bytes_field(&mut report, 1, b"rlqs");
+    bytes_field(&mut report, 2, &usage);
+    let body: Chunks = Box::pin(futures_util::StreamExt::chain(
+        futures_util::stream::iter([Ok(Frame::data(grpc_frame(&report)))]),
+        futures_util::stream::pending(),
+    ));
+    let mut sender = h2(tollgate.addr, 1 << 20).await;
+    let response = sender
+        .send_request(quota_call(tollgate.addr, body))
+        .await
+        .expect("response");
+    let mut body = response.into_body();
+    let frame = tokio::time::timeout(
+        Duration::from_secs(5),
+        http_body_util::BodyExt::frame(&mut body),
+    )
+    .await
+    .expect("an answer within 5 s")
+    .expect("the stream goes on")
+    .expect("a frame");
+    let data = frame
+        .into_data()
+        .unwrap_or_else(|f| panic!("an answer, not the stream's end: {f:?}"));
+    // The answer names the bucket by the bytes Envoy sent (Envoy finds
+    // its bucket by them), where the report was read as text.
+    let sent = b"mallory\xff";
+    assert!(
+        data.windows(sent.len()).any(|w| w == sent),
+        "the bucket's own bytes in the answer: {data:?}"
+    );
+    assert!(
+        <RateLimitQuotaResponse as prost::Message>::decode(&data[5..]).is_err(),
+        "(so a client reading strings cannot decode it: the bytes are not UTF-8)"
+    );
+}

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::common::raw::ask_bytes;
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{Served, Tollgate, ask, client_of, eventually, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -454,4 +455,52 @@ fn a_build_without_insecure_tls_refuses_insecure_urls() {
         &[],
     );
     run.assert_refused(&["#insecure", "--redis-tls-ca"]);
+}
+
+/// Values that differ only in bytes that are not UTF-8 (or in how such
+/// bytes would be escaped) are distinct counters on `server`'s store: each
+/// is admitted once under `tight` (1 an hour), then refused.
+async fn distinct_bytes_are_distinct_counters(server: &Served) {
+    let values: [&[u8]; 4] = [b"m\xff", b"m\xfe", "\u{FFFD}m\\xff".as_bytes(), b"m\\xff"];
+    for value in values {
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            let answer = ask_bytes(server.addr, b"r", &[&[(b"tight", value)]]).await;
+            codes.push(answer.overall_code);
+        }
+        assert_eq!(
+            codes,
+            [Code::Ok as i32, Code::OverLimit as i32],
+            "{:?}",
+            String::from_utf8_lossy(value)
+        );
+    }
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_utf8_are_distinct_keys_on_redis_and_a_cluster() {
+    let redis = RedisServer::start();
+    let server = Served::start(RULES, &redis_args(&redis.url(), "500ms"));
+    distinct_bytes_are_distinct_counters(&server).await;
+    let keys: Vec<String> = redis
+        .counters_with_ttl()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.contains("tight="))
+        .collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(
+        keys.iter().any(|k| k.contains("tight=\u{FFFD}m\\xff}")),
+        "the escaped form is the key's text: {keys:?}"
+    );
+
+    let cluster = RedisCluster::start();
+    let server = on_cluster(&cluster);
+    distinct_bytes_are_distinct_counters(&server).await;
+    let keys = cluster.counters_with_ttl();
+    assert_eq!(
+        keys.iter().filter(|(k, _)| k.contains("tight=")).count(),
+        4,
+        "{keys:?}"
+    );
 }
