@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::{AdminState, json};
-use crate::limiter::{BulkReset, BulkResetError, Decision};
+use crate::limiter::{BulkResetError, Decision};
 use crate::rules::RuleSet;
 
 /// One limit of `/counters`.
@@ -53,6 +53,9 @@ pub(super) async fn counters(
         Ok(d) => d,
         Err(e) => return super::limit_error(e),
     };
+    if decision.statuses.iter().all(|s| s.limit.is_none()) {
+        return super::no_limit(&s, &request);
+    }
     let limits = views(&decision, &request, &s.limiter.rules());
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -91,7 +94,9 @@ pub(super) async fn reset(
     }
     domain_request!(&body, proto, request);
     match s.limiter.reset(&request).await {
-        Ok(cleared) => {
+        Ok(done) if done.limits == 0 => super::no_limit(&s, &request),
+        Ok(done) => {
+            let cleared = done.deleted;
             let descriptors: Vec<Vec<(&str, &str)>> = request
                 .descriptors
                 .iter()
@@ -167,16 +172,8 @@ async fn reset_all(
         },
     };
     match s.limiter.reset_all(domain, rule, max_keys).await {
-        Ok(done) => {
-            let (counters, body) = match done {
-                BulkReset::Restarted => (
-                    "all".to_owned(),
-                    serde_json::json!({"reset": "all", "by": who, "note": "the memory store starts every counter of it afresh"}),
-                ),
-                BulkReset::Deleted(n) => {
-                    (n.to_string(), serde_json::json!({"reset": n, "by": who}))
-                }
-            };
+        Ok(n) => {
+            let (counters, body) = (n, serde_json::json!({"reset": n, "by": who}));
             tracing::warn!(
                 by = who,
                 domain = crate::rules::printable(domain).as_ref(),
@@ -192,6 +189,9 @@ async fn reset_all(
         }
         Err(e @ BulkResetError::NoRule(..)) => {
             (StatusCode::NOT_FOUND, format!("{e}\n")).into_response()
+        }
+        Err(e @ BulkResetError::Ambiguous(..)) => {
+            (StatusCode::CONFLICT, format!("{e}\n")).into_response()
         }
         Err(e @ BulkResetError::TooMany(_)) => {
             (StatusCode::CONFLICT, format!("{e}\n")).into_response()

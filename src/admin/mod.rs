@@ -276,6 +276,48 @@ fn not_json(s: &AdminState, headers: &HeaderMap, what: &str) -> Option<Response>
     )
 }
 
+/// An inspect or reset whose descriptors meet no limit: nothing to show or
+/// lift, which is not success (a ticket closed on `{"reset": 0}` leaves the
+/// client refused). Says so, and where the descriptors to send are found.
+fn no_limit(s: &AdminState, request: &crate::limiter::Request<'_>) -> Response {
+    let rules = s.limiter.rules();
+    let domain = request.domain;
+    let paths: Vec<&str> = rules
+        .rules()
+        .iter()
+        .filter(|r| *r.domain == *domain && r.limit.is_some())
+        .map(|r| r.path.as_str())
+        .take(5)
+        .collect();
+    let descriptors: Vec<Vec<(&str, &str)>> = request
+        .descriptors
+        .iter()
+        .map(|d| d.entries.to_vec())
+        .collect();
+    let known = if paths.is_empty() {
+        format!(
+            "domain '{}' has no rule with a limit",
+            crate::rules::printable(domain)
+        )
+    } else {
+        format!(
+            "rules of domain '{}' with a limit include: {}",
+            crate::rules::printable(domain),
+            crate::rules::printable(&paths.join(", "))
+        )
+    };
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "no rule limits these descriptors ({}); nothing was read or reset. {known}. \
+             GET /limited?domain={} shows each refused client's descriptors as they must be sent\n",
+            crate::rules::printable(&format!("{descriptors:?}")),
+            crate::rules::printable(domain),
+        ),
+    )
+        .into_response()
+}
+
 /// A request the limiter could not decide, as HTTP.
 fn limit_error(e: LimitError) -> Response {
     match e {

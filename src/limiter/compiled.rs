@@ -18,6 +18,8 @@ pub(crate) struct Compiled {
     /// [`Compiled::denies_undecided`]).
     deny: HashSet<Box<str>>,
     default_mode: HashSet<Box<str>>,
+    /// By [`Rule::index`], each rule's counters' owner tag.
+    scopes: Box<[u64]>,
 }
 
 impl Compiled {
@@ -33,11 +35,17 @@ impl Compiled {
                 _ => false,
             };
         }
+        let scopes = rules
+            .rules()
+            .iter()
+            .map(|r| crate::store::scope_tag(&r.domain, Some(&r.path)))
+            .collect();
         Self {
             rules: Arc::new(rules),
             stats,
             deny,
             default_mode,
+            scopes,
         }
     }
 
@@ -51,6 +59,15 @@ impl Compiled {
             None => !set.is_empty(),
         };
         denies(&self.deny) || (default == FailureMode::Deny && denies(&self.default_mode))
+    }
+
+    /// The owner tag of `rule`'s counters (see [`crate::store::scope_tag`]).
+    pub(super) fn scope(&self, rule: &Rule) -> u64 {
+        match self.scopes.get(rule.index) {
+            Some(&tag) => tag,
+            // A rule of another set (not planned from this one).
+            None => crate::store::scope_tag(&rule.domain, Some(&rule.path)),
+        }
     }
 
     /// The rules.

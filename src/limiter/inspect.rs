@@ -2,78 +2,47 @@
 //! planning as a decision (so what is shown is what the next request
 //! meets), without spending, counting, logging or showing the observers.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::{Decision, LimitError, Limiter, Plan, Request};
-use crate::store::{CounterKey, Store, StoreError};
-
-/// A reset of a whole rule's or domain's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BulkReset {
-    /// On the memory store: every counter of it starts afresh (the memory
-    /// store keeps no key names to count).
-    Restarted,
-    /// On Redis: this many counters were deleted.
-    Deleted(usize),
-}
+use crate::rules::RuleSet;
+use crate::store::redis::Wanted;
+use crate::store::{ResetError, ResetScope, ScopeTag, StoreError};
 
 /// Why a bulk reset did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BulkResetError {
     /// No rule of that name or path in the domain.
-    #[error("no rule '{0}' in domain '{1}' (name a rule as /rlconfig or /limited does)")]
-    NoRule(String, String),
-    /// More counters than the caller's bound: none deleted.
     #[error(
-        "more than {0} counters match; nothing was reset (send a larger \"max_keys\" to reset them all)"
+        "no rule '{0}' in domain '{1}' (name a rule by its path, as /rlconfig and /limited show it)"
     )]
-    TooMany(usize),
+    NoRule(String, String),
+    /// The name is shared by several rules of the domain.
+    #[error("{count} rules of domain '{1}' are named '{0}': name one by its path ({paths})", count = .2.len(), paths = .2.join(", "))]
+    Ambiguous(String, String, Vec<String>),
+    /// More counters than the caller's bound: none deleted.
+    #[error("{0}")]
+    TooMany(ResetError),
     /// The store failed.
     #[error("{0}")]
-    Store(StoreError),
+    Store(ResetError),
 }
 
-/// Generations of rules and domains reset on the memory store: their
-/// counter keys carry one more entry, so counting starts afresh and the old
-/// counters expire unread.
-#[derive(Debug, Default)]
-pub(super) struct Generations {
-    /// Whether any rule or domain was ever reset: the hot path reads only
-    /// this until one is.
-    any: std::sync::atomic::AtomicBool,
-    by_name: arc_swap::ArcSwap<HashMap<String, u64>>,
-    next: AtomicU64,
+impl From<ResetError> for BulkResetError {
+    fn from(e: ResetError) -> Self {
+        match e {
+            ResetError::TooMany(_) => Self::TooMany(e),
+            ResetError::Store(_) => Self::Store(e),
+        }
+    }
 }
 
-impl Generations {
-    /// Adds `domain`'s and `rule`'s generations to `key`, when reset.
-    pub(super) fn salt(&self, domain: &str, rule: Option<&str>, key: &mut CounterKey) {
-        if !self.any.load(Ordering::Acquire) {
-            return;
-        }
-        let by_name = self.by_name.load();
-        if by_name.is_empty() {
-            return;
-        }
-        let domain = by_name.get(&format!("d:{domain}"));
-        let rule = rule.and_then(|r| by_name.get(&format!("r:{r}")));
-        if domain.is_some() || rule.is_some() {
-            let salt = format!("{}:{}", domain.unwrap_or(&0), rule.unwrap_or(&0));
-            key.entry("\u{0}reset", &salt);
-        }
-    }
-
-    fn bump(&self, name: String) {
-        let generation = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.by_name.rcu(|old| {
-            let mut new = HashMap::clone(old);
-            new.insert(name.clone(), generation);
-            Arc::new(new)
-        });
-        self.any.store(true, Ordering::Release);
-    }
+/// What a reset of one client's counters did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reset {
+    /// The limits the descriptors meet (0: no rule limits them, and
+    /// nothing was reset).
+    pub limits: usize,
+    /// The counters that existed and were deleted.
+    pub deleted: usize,
 }
 
 impl Limiter {
@@ -96,17 +65,29 @@ impl Limiter {
         self.finish(request, &mut plan, None)
     }
 
-    /// Deletes the counters `request`'s descriptors meet (in the store, and
-    /// in the `local` failure mode's fallback): the next request starts
-    /// each afresh. Returns the counters that existed.
-    pub async fn reset(&self, request: &Request<'_>) -> Result<usize, LimitError> {
+    /// Deletes the counters `request`'s descriptors meet (in the store,
+    /// and in the `local` failure mode's fallback): the next request starts
+    /// each afresh.
+    pub async fn reset(&self, request: &Request<'_>) -> Result<Reset, LimitError> {
         let mut plan = Plan::default();
         self.plan(request, &mut plan)?;
+        let limits = plan.checks.len();
+        if limits == 0 {
+            return Ok(Reset { limits, deleted: 0 });
+        }
+        let now = self.clock.now();
         self.fallback.remove(plan.checks.iter().map(|c| &c.key));
-        self.store
-            .reset(&plan.checks, self.clock.now())
+        let deleted = self
+            .store
+            .reset(ResetScope::Keys(&plan.checks), now)
             .await
-            .map_err(LimitError::Unavailable)
+            .map_err(|e| match e {
+                ResetError::Store(e) => LimitError::Unavailable(e),
+                e @ ResetError::TooMany(_) => {
+                    LimitError::Unavailable(StoreError::Script(e.to_string()))
+                }
+            })?;
+        Ok(Reset { limits, deleted })
     }
 }
 
@@ -119,58 +100,56 @@ impl Limiter {
         domain: &str,
         rule: Option<&str>,
         max_keys: usize,
-    ) -> Result<BulkReset, BulkResetError> {
+    ) -> Result<usize, BulkResetError> {
         let rules = self.rules();
         let path = match rule {
             None => None,
-            Some(asked) => Some(
-                rules
-                    .rules()
-                    .iter()
-                    .find(|r| {
-                        r.path
-                            .strip_prefix(domain)
-                            .is_some_and(|rest| rest.starts_with('.'))
-                            && (r.path == asked || *r.policy_name == *asked)
-                    })
-                    .map(|r| r.path.clone())
-                    .ok_or_else(|| BulkResetError::NoRule(asked.to_owned(), domain.to_owned()))?,
-            ),
+            Some(asked) => Some(rule_path(&rules, domain, asked)?),
         };
-        match &self.store {
-            Store::Memory(_) => {
-                self.generations.bump(match &path {
-                    Some(path) => format!("r:{path}"),
-                    None => format!("d:{domain}"),
-                });
-                Ok(BulkReset::Restarted)
-            }
-            Store::Redis(store) => {
-                let wanted = |entries: &[(String, String)]| match &path {
-                    None => true,
-                    Some(path) => {
-                        let entries: Vec<(&str, &str)> = entries
-                            .iter()
-                            .map(|(k, v)| (k.as_str(), v.as_str()))
-                            .collect();
-                        rules
-                            .lookup(domain, &entries)
-                            .is_some_and(|m| m.rules.iter().any(|r| r.path == *path))
-                    }
-                };
-                let names = store
-                    .counters_of(domain, &wanted, max_keys)
-                    .await
-                    .map_err(BulkResetError::Store)?;
-                if names.len() > max_keys {
-                    return Err(BulkResetError::TooMany(max_keys));
-                }
-                store
-                    .delete_counters(&names)
-                    .await
-                    .map(BulkReset::Deleted)
-                    .map_err(BulkResetError::Store)
-            }
+        let wanted = |entries: &[(String, String)]| {
+            let entries: Vec<(&str, &str)> = entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            rules.lookup(domain, &entries).is_some_and(|m| {
+                m.rules
+                    .iter()
+                    .any(|r| Some(r.path.as_str()) == path.as_deref())
+            })
+        };
+        let tag = ScopeTag::of(domain, path.as_deref());
+        // The `local` failure mode's counters go too.
+        self.fallback.remove_scope(tag);
+        let scope = ResetScope::Bulk {
+            domain,
+            tag,
+            wanted: path.is_some().then_some(&wanted as Wanted<'_>),
+            max_keys,
+        };
+        Ok(self.store.reset(scope, self.clock.now()).await?)
+    }
+}
+
+/// The path of the rule of `domain` that `asked` names: its path, or a name
+/// no other rule of the domain has.
+fn rule_path(rules: &RuleSet, domain: &str, asked: &str) -> Result<String, BulkResetError> {
+    let in_domain = rules.rules().iter().filter(|r| *r.domain == *domain);
+    let mut named = Vec::new();
+    for rule in in_domain {
+        if rule.path == asked {
+            return Ok(rule.path.clone());
         }
+        if *rule.policy_name == *asked && !named.contains(&rule.path) {
+            named.push(rule.path.clone());
+        }
+    }
+    match named.len() {
+        0 => Err(BulkResetError::NoRule(asked.to_owned(), domain.to_owned())),
+        1 => Ok(named.remove(0)),
+        _ => Err(BulkResetError::Ambiguous(
+            asked.to_owned(),
+            domain.to_owned(),
+            named,
+        )),
     }
 }

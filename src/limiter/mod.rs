@@ -24,7 +24,7 @@ use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
 pub use headers::response_headers;
-pub use inspect::{BulkReset, BulkResetError};
+pub use inspect::{BulkResetError, Reset};
 pub(crate) use observe::Observer;
 pub use options::{LimiterOptions, RefusalLog, RequestBounds};
 use plan::Plan;
@@ -42,8 +42,6 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
-    /// Rules and domains reset on the memory store (see `reset_all`).
-    generations: inspect::Generations,
     /// Which refusals were logged lately (see `log_refusal`).
     refusals: parking_lot::Mutex<observe::RefusalsLogged>,
     /// Shown every decided request (the candidate rules, the view of who
@@ -119,7 +117,6 @@ impl Limiter {
             options,
             metrics,
             refusals: parking_lot::Mutex::new(observe::RefusalsLogged::default()),
-            generations: inspect::Generations::default(),
             observers: std::sync::OnceLock::new(),
             restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }

@@ -38,6 +38,7 @@ impl Limiter {
                 self.plan_limit(
                     (request, d),
                     (None, limit, false, None),
+                    crate::store::scope_tag(request.domain, None),
                     &[],
                     hits_default,
                     (planned, checks),
@@ -59,6 +60,7 @@ impl Limiter {
                 self.plan_limit(
                     (request, d),
                     (Some(rule.clone()), limit, rule.shadow_mode, stats),
+                    rules.scope(rule),
                     &matched.shared,
                     hits_default,
                     (planned, checks),
@@ -81,6 +83,7 @@ impl Limiter {
         &self,
         (request, d): (&Request<'_>, usize),
         (rule, limit, shadow, stats): (Option<Arc<Rule>>, Limit, bool, Option<Arc<LimitStats>>),
+        scope: u64,
         shared: &[(usize, &str)],
         hits_default: u64,
         (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
@@ -97,20 +100,13 @@ impl Limiter {
             let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
             key.entry(k, value);
         }
-        // A rule or domain reset on the memory store counts afresh.
-        if self.store.answers_at_once() {
-            self.generations.salt(
-                request.domain,
-                rule.as_ref().map(|r| r.path.as_str()),
-                &mut key,
-            );
-        }
         let hits = descriptor.hits_addend.unwrap_or(hits_default);
         // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
         let enforced = !shadow && !self.options.shadow_mode;
         let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
         check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
         check.lease = limit.lease;
+        check.scope = scope;
         checks.push(check);
         planned.push(Planned {
             descriptor: d,

@@ -73,6 +73,24 @@ impl Background {
         });
     }
 
+    /// On a shared store, a reset made by any instance reaches this one's
+    /// over-limit cache and leases within
+    /// [`crate::store::redis::RESET_WATCH_EVERY`].
+    pub(super) fn reset_watch(&mut self, limiter: Arc<Limiter>) {
+        let Some(store) = limiter.store().reset_watcher() else {
+            return;
+        };
+        self.spawn(async move {
+            let mut tick = tokio::time::interval(crate::store::redis::RESET_WATCH_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut seen = None;
+            loop {
+                tick.tick().await;
+                store.watch(&mut seen).await;
+            }
+        });
+    }
+
     /// Quota streams, every second: reloaded rules, the store's totals, and
     /// pushes of assignments that changed.
     pub(super) fn quota_ticks(&mut self, quotas: Arc<Quotas>) {

@@ -353,6 +353,7 @@ fn parts(
         if let Some(view) = &limited {
             tasks.publish_limited(view.clone(), limiter.clone());
         }
+        tasks.reset_watch(limiter.clone());
         tasks.quota_ticks(quotas.clone());
         if let Some(statsd) = statsd {
             tasks.spawn(crate::stats::statsd::run(statsd, limiter.metrics().clone()));

@@ -31,6 +31,50 @@ pub struct Check {
     pub lease: u32,
     /// The answer, filled in by the store.
     pub outcome: Option<Outcome>,
+    /// Whose counter this is, for a bulk reset: see [`scope_tag`].
+    pub scope: u64,
+}
+
+/// A counter's owner as one number: its domain's hash in the high half, its
+/// rule's (domain and path) in the low half (0 for a limit that came with
+/// the request). A store that keeps no key names (the memory store) keeps
+/// this beside each counter, so a rule's or a domain's counters can be
+/// found and deleted. 32-bit hashes: two domains (or rules) whose hashes
+/// meet would be reset together, one chance in four billion per pair.
+pub fn scope_tag(domain: &str, rule_path: Option<&str>) -> u64 {
+    let domain = u64::from(xxhash_rust::xxh3::xxh3_64(domain.as_bytes()) as u32);
+    // Never 0 for a rule, so a rule's tag differs from "no rule".
+    let rule = rule_path.map_or(0, |p| {
+        u64::from((xxhash_rust::xxh3::xxh3_64_with_seed(p.as_bytes(), domain) as u32) | 1)
+    });
+    domain << 32 | rule
+}
+
+/// What a bulk reset takes, as tags (see [`scope_tag`]): a domain's every
+/// counter, or one rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeTag {
+    tag: u64,
+    whole_domain: bool,
+}
+
+impl ScopeTag {
+    /// Every counter of `domain`, or of `rule_path` in it.
+    pub fn of(domain: &str, rule_path: Option<&str>) -> Self {
+        Self {
+            tag: scope_tag(domain, rule_path),
+            whole_domain: rule_path.is_none(),
+        }
+    }
+
+    /// Whether a counter tagged `tag` is in this scope.
+    pub fn holds(&self, tag: u64) -> bool {
+        if self.whole_domain {
+            tag >> 32 == self.tag >> 32
+        } else {
+            tag == self.tag
+        }
+    }
 }
 
 impl Check {
@@ -51,6 +95,7 @@ impl Check {
             quota_mode: false,
             lease: 0,
             outcome: None,
+            scope: 0,
         }
     }
 

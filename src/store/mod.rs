@@ -7,7 +7,7 @@ mod key;
 pub mod memory;
 pub mod redis;
 
-pub use batch::{Check, Commits, decide_batch, refused};
+pub use batch::{Check, Commits, ScopeTag, decide_batch, refused, scope_tag};
 pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{QuotaExchange, QuotaTotals};
@@ -65,6 +65,38 @@ impl StoreError {
     }
 }
 
+/// What an operator's reset deletes.
+pub enum ResetScope<'a> {
+    /// The counters of these checks (one client's).
+    Keys(&'a [Check]),
+    /// Every counter of a domain, or of one rule in it.
+    Bulk {
+        /// The domain.
+        domain: &'a str,
+        /// The scope as tags, for a store that keeps them.
+        tag: ScopeTag,
+        /// For a store that keeps key names: which counters, by their
+        /// descriptor's entries (`None`: the whole domain).
+        wanted: Option<redis::Wanted<'a>>,
+        /// More counters than this: nothing is deleted (a store that
+        /// deletes in one cheap pass may ignore it).
+        max_keys: usize,
+    },
+}
+
+/// Why a reset did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetError {
+    /// More counters than the caller's bound: none deleted.
+    #[error(
+        "more than {0} counters match; nothing was reset (send a larger \"max_keys\" to reset them all)"
+    )]
+    TooMany(usize),
+    /// The store failed.
+    #[error("{0}")]
+    Store(StoreError),
+}
+
 /// A handle on a store that instances share, for the quota service's
 /// exchange (see [`Store::quota_share`]).
 #[derive(Debug, Clone)]
@@ -79,6 +111,19 @@ impl QuotaShare {
         within: std::time::Duration,
     ) -> Vec<Result<QuotaTotals, StoreError>> {
         self.0.exchange_quotas(exchanges, within).await
+    }
+}
+
+/// A handle on a shared store's reset epoch, for an instance to learn of
+/// the resets other instances make (see [`Store::reset_watcher`]).
+#[derive(Debug, Clone)]
+pub struct ResetWatcher(redis::RedisStore);
+
+impl ResetWatcher {
+    /// Reads the epoch; forgets what this instance remembers of counters
+    /// when another raised it since `seen`.
+    pub async fn watch(&self, seen: &mut Option<u64>) {
+        self.0.watch_resets(seen).await;
     }
 }
 
@@ -122,12 +167,37 @@ impl Store {
         }
     }
 
-    /// Deletes the counters of `checks` at `now` (an operator's reset: the
-    /// next request starts each afresh); returns how many existed.
-    pub async fn reset(&self, checks: &[Check], now: Nanos) -> Result<usize, StoreError> {
+    /// Where this instance learns of other instances' resets: `None` for a
+    /// store no other instance shares.
+    pub fn reset_watcher(&self) -> Option<ResetWatcher> {
         match self {
-            Store::Memory(store) => Ok(store.remove(checks.iter().map(|c| &c.key))),
-            Store::Redis(store) => store.reset(checks, now).await,
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(ResetWatcher(store.clone())),
+        }
+    }
+
+    /// Deletes the counters `scope` names at `now` (an operator's reset:
+    /// the next request starts each afresh), with everything the store
+    /// remembers of them (a shared store's per-second pool, over-limit
+    /// cache and leases, on every instance); returns how many existed.
+    pub async fn reset(&self, scope: ResetScope<'_>, now: Nanos) -> Result<usize, ResetError> {
+        match (self, scope) {
+            (Store::Memory(store), ResetScope::Keys(checks)) => {
+                Ok(store.remove(checks.iter().map(|c| &c.key)))
+            }
+            (Store::Memory(store), ResetScope::Bulk { tag, .. }) => Ok(store.remove_scope(tag)),
+            (Store::Redis(store), ResetScope::Keys(checks)) => {
+                store.reset(checks, now).await.map_err(ResetError::Store)
+            }
+            (
+                Store::Redis(store),
+                ResetScope::Bulk {
+                    domain,
+                    wanted,
+                    max_keys,
+                    ..
+                },
+            ) => store.reset_bulk(domain, wanted, max_keys).await,
         }
     }
 

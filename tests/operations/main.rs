@@ -17,5 +17,6 @@ mod layers;
 mod limited;
 mod manifests;
 mod operations;
+mod resets;
 mod scrapes;
 mod simulate;

@@ -1,4 +1,4 @@
-//! The embedded store: sharded hash tables of 32-byte entries.
+//! The embedded store: sharded hash tables of 40-byte entries.
 //!
 //! Keys are not stored. Each entry holds a 64-bit hash of the counter's
 //! canonical key (the table key) and an independent 32-bit check value from
@@ -6,7 +6,10 @@
 //! is a collision: that key lives in a small per-shard overflow map keyed by
 //! its full bytes, so a collision never merges two counters. With 1,000,000
 //! keys a 64-bit collision is expected about once in 30 million runs; the
-//! overflow map is normally empty.
+//! overflow map is normally empty. Beside its state, an entry keeps whose
+//! counter it is (the domain's and the rule's hashes, 8 bytes), so an
+//! operator's reset of a rule or a domain deletes its counters
+//! ([`MemoryStore::remove_scope`]).
 //!
 //! State is dropped once it can no longer affect a decision (the algorithm
 //! says when): lazily when a full shard needs room, and by [`MemoryStore::sweep`],
@@ -18,7 +21,7 @@ use std::collections::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
-use super::{Check, CounterKey, StoreError, decide_batch};
+use super::{Check, CounterKey, ScopeTag, StoreError, decide_batch};
 use crate::algorithm::State;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
@@ -56,12 +59,15 @@ struct Entry {
     /// Whole seconds since the epoch after which the state no longer matters.
     expires: u32,
     state: State,
+    /// Whose counter (see [`crate::store::scope_tag`]), for bulk resets.
+    scope: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     state: State,
     expires: u32,
+    scope: u64,
 }
 
 #[derive(Debug, Default)]
@@ -176,7 +182,7 @@ impl MemoryStore {
             };
             let expires = u32::try_from(expires.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
             let guard = &mut guards[shard_of(shard)].1;
-            write(guard, place, &check.key, state, expires);
+            write(guard, place, check, state, expires);
         }
         Ok(())
     }
@@ -199,6 +205,22 @@ impl MemoryStore {
                 entry.remove();
                 removed += 1;
             }
+        }
+        removed
+    }
+
+    /// Deletes every counter in `scope` (an operator's reset of a rule or a
+    /// domain); returns how many there were. One shard is locked at a time,
+    /// each for a walk of its own entries only, so decisions wait for at
+    /// most one shard's walk.
+    pub fn remove_scope(&self, scope: ScopeTag) -> usize {
+        let mut removed = 0;
+        for shard in &self.shards {
+            let mut shard = shard.lock();
+            let before = shard.table.len() + shard.overflow.len();
+            shard.table.retain(|e| !scope.holds(e.scope));
+            shard.overflow.retain(|_, s| !scope.holds(s.scope));
+            removed += before - shard.table.len() - shard.overflow.len();
         }
         removed
     }
@@ -231,8 +253,13 @@ impl MemoryStore {
 }
 
 /// Writes one committed state; room for new keys was made beforehand.
-fn write(shard: &mut Shard, place: &Place, key: &CounterKey, state: State, expires: u32) {
-    let slot = Slot { state, expires };
+fn write(shard: &mut Shard, place: &Place, check: &Check, state: State, expires: u32) {
+    let (key, scope) = (&check.key, check.scope);
+    let slot = Slot {
+        state,
+        expires,
+        scope,
+    };
     match *place {
         Place::Overflow => {
             shard.overflow.insert(key.as_bytes().into(), slot);
@@ -241,6 +268,7 @@ fn write(shard: &mut Shard, place: &Place, key: &CounterKey, state: State, expir
             Some(e) if e.check == tag => {
                 e.state = state;
                 e.expires = expires;
+                e.scope = scope;
             }
             // Another key with this hash: the overflow map keeps both apart.
             Some(_) => {
@@ -254,6 +282,7 @@ fn write(shard: &mut Shard, place: &Place, key: &CounterKey, state: State, expir
                         check: tag,
                         expires,
                         state,
+                        scope,
                     },
                     |e| e.hash,
                 );

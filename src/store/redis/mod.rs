@@ -59,6 +59,7 @@ pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape
 pub use over_limit::OverLimitCache;
 pub use quota::{QuotaExchange, QuotaTotals};
 use redis::Value;
+pub use reset::{RESET_WATCH_EVERY, Wanted};
 use script::Invocation;
 use script::Scripts;
 

@@ -1,7 +1,9 @@
-//! Resetting counters (an operator's `POST /counters/reset`): a check's keys
-//! deleted in Redis, one call per hash slot (so each slot's keys go
-//! together), and what this process remembers of them (the over-limit
-//! cache, leases) forgotten.
+//! Resetting counters (an operator's `POST /counters/reset`): a check's keys,
+//! or a rule's or a domain's, deleted in Redis (and in the per-second pool),
+//! one call per hash slot (so each slot's keys go together); what this
+//! process remembers of them (the over-limit cache, leases) forgotten; and
+//! the reset epoch raised, so every other instance forgets too
+//! ([`RedisStore::watch_resets`]).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,7 @@ use super::RedisStore;
 use super::keys::{KeyNames, Slot, slot_of, unescape};
 use super::per_second::is_per_second;
 use crate::clock::Nanos;
-use crate::store::{Check, StoreError};
+use crate::store::{Check, ResetError, StoreError};
 
 impl RedisStore {
     /// Deletes the counters of `checks` at `now` (a sliding window's
@@ -30,18 +32,111 @@ impl RedisStore {
             let window = check.quota.window_at(now).index;
             names.extend(KeyNames::of(&self.inner.options.prefix, &check.key, window).into_names());
         }
-        deleted += self.delete_names(&names).await?;
+        deleted += self.delete_names(names).await?;
         let here: Vec<Check> = here.into_iter().cloned().collect();
         if let Some(cache) = &self.inner.over_limit {
             cache.forget(&here);
         }
         self.inner.leases.forget(&here);
+        self.announce_reset().await;
         Ok(deleted)
+    }
+
+    /// Deletes every counter of `domain` that `wanted` accepts (`None`:
+    /// all), here and in the per-second pool: at most `max` of them (more:
+    /// nothing is deleted). Every instance forgets what it remembers.
+    pub(crate) async fn reset_bulk(
+        &self,
+        domain: &str,
+        wanted: Option<Wanted<'_>>,
+        max: usize,
+    ) -> Result<usize, ResetError> {
+        let names = self
+            .counters_of(domain, wanted, max)
+            .await
+            .map_err(ResetError::Store)?;
+        let pooled = match &self.inner.per_second {
+            Some(pool) => Box::pin(pool.counters_of(domain, wanted, max))
+                .await
+                .map_err(ResetError::Store)?,
+            None => Vec::new(),
+        };
+        if names.len() + pooled.len() > max {
+            return Err(ResetError::TooMany(max));
+        }
+        let mut deleted = self.delete_names(names).await.map_err(ResetError::Store)?;
+        if let Some(pool) = &self.inner.per_second {
+            deleted += Box::pin(pool.delete_names(pooled))
+                .await
+                .map_err(ResetError::Store)?;
+            pool.forget_all();
+        }
+        self.forget_all();
+        self.announce_reset().await;
+        Ok(deleted)
+    }
+
+    /// Forgets every key's over-limit answer and lease.
+    fn forget_all(&self) {
+        if let Some(cache) = &self.inner.over_limit {
+            cache.clear();
+        }
+        self.inner.leases.clear();
+    }
+
+    /// The reset epoch's key (one hash tag: one slot).
+    fn epoch_key(&self) -> String {
+        format!("{}{{resets}}:epoch", self.inner.options.prefix)
+    }
+
+    /// Raises the reset epoch, so every instance forgets what it remembers
+    /// ([`RedisStore::watch_resets`]). The counters are gone already: a
+    /// failure here is logged (the others then forget their over-limit
+    /// answers only as those end, at the latest when the window does).
+    async fn announce_reset(&self) {
+        if let Err(error) = self.epoch("bump").await {
+            tracing::warn!(%error, "reset done, but the other instances were not told: their over-limit caches answer until their windows end");
+        }
+    }
+
+    async fn epoch(&self, what: &str) -> Result<u64, StoreError> {
+        let key = self.epoch_key();
+        let mut inv = self.inner.scripts.epoch.prepare_invoke();
+        inv.key(key.as_str()).arg(what);
+        match self
+            .bounded(self.invoke(slot_of(key.as_bytes()), &inv))
+            .await?
+        {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            other => Err(StoreError::Script(format!(
+                "reset epoch: answered {other:?}"
+            ))),
+        }
+    }
+
+    /// Reads the reset epoch; when another instance raised it since
+    /// `seen`, forgets every over-limit answer and lease (here and in the
+    /// per-second pool). The server calls this every
+    /// [`RESET_WATCH_EVERY`]: a reset anywhere lifts here within it.
+    pub async fn watch_resets(&self, seen: &mut Option<u64>) {
+        let Ok(epoch) = self.epoch("read").await else {
+            return;
+        };
+        if seen.is_some_and(|s| s != epoch) {
+            self.forget_all();
+            if let Some(pool) = &self.inner.per_second {
+                pool.forget_all();
+            }
+        }
+        *seen = Some(epoch);
     }
 }
 
+/// How often each instance reads the reset epoch.
+pub const RESET_WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Which counters a bulk reset takes, by their descriptor's entries.
-pub(crate) type Wanted<'a> = &'a (dyn Fn(&[(String, String)]) -> bool + Sync);
+pub type Wanted<'a> = &'a (dyn Fn(&[(String, String)]) -> bool + Sync);
 
 /// The most keys one SCAN call is asked to look at.
 const SCAN_COUNT: usize = 1_000;
@@ -55,7 +150,7 @@ impl RedisStore {
     pub(crate) async fn counters_of(
         &self,
         domain: &str,
-        wanted: Wanted<'_>,
+        wanted: Option<Wanted<'_>>,
         max: usize,
     ) -> Result<Vec<String>, StoreError> {
         let mut pattern = String::new();
@@ -99,7 +194,7 @@ impl RedisStore {
                     else {
                         continue;
                     };
-                    if !entries.is_empty() && wanted(&entries) {
+                    if !entries.is_empty() && wanted.is_none_or(|w| w(&entries)) {
                         found.push(name);
                         if found.len() > max {
                             return Ok(found);
@@ -110,21 +205,10 @@ impl RedisStore {
                 if cursor == 0 {
                     break;
                 }
+                tokio::task::yield_now().await;
             }
         }
         Ok(found)
-    }
-
-    /// Deletes the counters named `names` (found by
-    /// [`RedisStore::counters_of`]), each hash slot's at once; returns how
-    /// many existed. Forgets the instance's over-limit cache and leases.
-    pub(crate) async fn delete_counters(&self, names: &[String]) -> Result<usize, StoreError> {
-        let deleted = self.delete_names(names).await?;
-        if let Some(cache) = &self.inner.over_limit {
-            cache.clear();
-        }
-        self.inner.leases.clear();
-        Ok(deleted)
     }
 }
 
@@ -132,19 +216,36 @@ impl RedisStore {
     /// Deletes the keys `names`, each hash slot's in calls of at most
     /// [`DELETE_BATCH`] keys (each call atomic), each within the store's
     /// timeout; returns how many existed.
-    async fn delete_names(&self, names: &[String]) -> Result<usize, StoreError> {
-        let mut by_slot: BTreeMap<Slot, Vec<&String>> = BTreeMap::new();
-        for name in names {
-            by_slot
-                .entry(slot_of(name.as_bytes()))
-                .or_default()
-                .push(name);
-        }
+    async fn delete_names(&self, names: Vec<String>) -> Result<usize, StoreError> {
+        // On a Cluster each call holds one slot's keys; a single server
+        // takes any keys together, in fewer, fuller calls.
+        let groups: Vec<Vec<String>> = if self.inner.cluster.is_some() {
+            let mut by_slot: BTreeMap<Slot, Vec<String>> = BTreeMap::new();
+            for (i, name) in names.into_iter().enumerate() {
+                by_slot.entry(slot_of(name.as_bytes())).or_default().push(name);
+                // A domain may have a million counters: the runtime that
+                // runs this also answers health checks.
+                if i % YIELD_EVERY == YIELD_EVERY - 1 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            by_slot.into_values().collect()
+        } else {
+            vec![names]
+        };
         let mut deleted = 0;
-        for (slot, names) in by_slot {
-            for batch in names.chunks(DELETE_BATCH) {
+        for group in groups {
+            let mut names = group.into_iter();
+            loop {
+                // Each batch is let go once deleted, so freeing a million
+                // names is spread over the calls too.
+                let batch: Vec<String> = names.by_ref().take(DELETE_BATCH).collect();
+                let Some(first) = batch.first() else {
+                    break;
+                };
+                let slot = slot_of(first.as_bytes());
                 let mut inv = self.inner.scripts.reset.prepare_invoke();
-                for name in batch {
+                for name in &batch {
                     inv.key(name.as_str());
                 }
                 match self.bounded(self.invoke(slot, &inv)).await? {
@@ -158,6 +259,9 @@ impl RedisStore {
         Ok(deleted)
     }
 }
+
+/// Names handled between two yields to the runtime in a bulk reset.
+const YIELD_EVERY: usize = 2_000;
 
 /// Appends `text` with the glob characters of SCAN's MATCH escaped.
 fn glob_escape(text: &str, out: &mut String) {

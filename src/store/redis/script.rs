@@ -24,6 +24,8 @@ pub(super) struct Scripts {
     pub(super) cancel: Lua,
     /// Deletes counters (`reset.lua`).
     pub(super) reset: Lua,
+    /// Raises or reads the reset epoch (`epoch.lua`).
+    pub(super) epoch: Lua,
     /// Publishes and reads the instances' views of who is limited
     /// (`views.lua`).
     pub(super) views: Lua,
@@ -42,6 +44,7 @@ impl Default for Scripts {
             refund: lua(include_str!("refund.lua")),
             cancel: lua(include_str!("cancel.lua")),
             reset: lua(include_str!("reset.lua")),
+            epoch: lua(include_str!("epoch.lua")),
             views: lua(include_str!("views.lua")),
             quota: lua(include_str!("quota.lua")),
             peek: lua(include_str!("peek.lua")),

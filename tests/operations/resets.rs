@@ -1,0 +1,381 @@
+//! Resets that lift at once on every store and every instance: a full
+//! memory store freed by a domain reset, a rule named unambiguously, a
+//! reset that matches nothing said to be one, another instance's over-limit
+//! cache, the per-second pool, the local fallback, and health checks that
+//! a reset of a large domain never holds.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::envoy::{Response, http, http_with_body};
+use crate::common::redis::RedisServer;
+use crate::common::{Tollgate, ask, request};
+
+const TOKEN: &str = "ops:0123456789abcdef0123";
+const BEARER: &str = "Bearer 0123456789abcdef0123";
+
+/// A Tollgate with a token file, `rules` and `args`.
+fn with_token(rules: &str, args: &[&str]) -> (Tollgate, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).expect("write tokens");
+    let tokens = tokens.to_string_lossy().into_owned();
+    let mut all = vec!["--admin-token-file", tokens.as_str()];
+    all.extend_from_slice(args);
+    (Tollgate::start(rules, &all), dir)
+}
+
+fn post(admin: SocketAddr, path: &str, body: &Value) -> Response {
+    http_with_body(
+        admin,
+        "POST",
+        path,
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", BEARER),
+        ],
+        &body.to_string(),
+    )
+    .expect("admin answers")
+}
+
+fn reset(admin: SocketAddr, body: &Value) -> Response {
+    post(admin, "/counters/reset", body)
+}
+
+fn one(domain: &str, key: &str, value: &str) -> Value {
+    json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]})
+}
+
+/// The overall code of one decision of `[key=value]` in `domain`.
+async fn code(server: &Tollgate, domain: &str, key: &str, value: &str) -> i32 {
+    let mut client = server.client().await;
+    ask(&mut client, request(domain, &[&[(key, value)]]))
+        .await
+        .overall_code
+}
+
+const OK: i32 = 1;
+const OVER: i32 = 2;
+
+#[tokio::test]
+async fn a_domain_reset_frees_a_full_memory_store() {
+    // Failing closed, so a full store refuses (open, it would admit).
+    let rules = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1, failure_mode: deny}\n";
+    // 256 shards of 8 keys: 2,048 keys.
+    let (server, _dir) = with_token(rules, &["--max-keys", "2048"]);
+    let mut client = server.client().await;
+    let mut full = 0;
+    for i in 0..2_048 {
+        let user = format!("u{i}");
+        let answer = ask(&mut client, request("api", &[&[("user", &user)]])).await;
+        if answer.overall_code != OK {
+            full += 1;
+        }
+    }
+    assert!(full > 0, "the store filled up");
+    let r = reset(admin(&server), &json!({"domain": "api", "confirm": "api"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let freed = serde_json::from_str::<Value>(&r.body).expect("json")["reset"]
+        .as_u64()
+        .expect("a count");
+    // The same clients again, in the same order: each starts afresh, and
+    // exactly those whose shard had no room before are refused again
+    // (before: the reset's salt left every old key in place, so every
+    // client of a full shard was refused "store full").
+    let mut again = 0;
+    for i in 0..2_048 {
+        let user = format!("u{i}");
+        let answer = ask(&mut client, request("api", &[&[("user", &user)]])).await;
+        if answer.overall_code != OK {
+            again += 1;
+        }
+    }
+    assert_eq!(again, full, "refused after the reset, as before it");
+    assert_eq!(freed, 2_048 - full, "{}", r.body);
+}
+
+fn admin(server: &Tollgate) -> SocketAddr {
+    server.admin
+}
+
+const SHARED_NAMES: &str = "domain: web
+descriptors:
+  - key: user
+    rate_limit: {name: per-client, unit: hour, requests_per_unit: 1}
+  - key: ip
+    rate_limit: {name: per-client, unit: hour, requests_per_unit: 1}
+  - key: org
+    rate_limit: {name: per-org, unit: hour, requests_per_unit: 1}
+---
+domain: api
+descriptors:
+  - key: org
+    rate_limit: {name: per-org, unit: hour, requests_per_unit: 1}
+";
+
+#[tokio::test]
+async fn a_rule_is_named_unambiguously_and_a_reset_of_nothing_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("dir");
+    let (web, api) = SHARED_NAMES.split_once("---\n").expect("two files");
+    std::fs::write(rules.join("web.yaml"), web).expect("write");
+    std::fs::write(rules.join("api.yaml"), api).expect("write");
+    let rules_dir = rules.to_string_lossy().into_owned();
+    let (server, _tokens) = with_token("", &["--rules", &rules_dir]);
+    for (domain, key) in [
+        ("web", "user"),
+        ("web", "ip"),
+        ("web", "org"),
+        ("api", "org"),
+    ] {
+        assert_eq!(code(&server, domain, key, "a").await, OK);
+        assert_eq!(code(&server, domain, key, "a").await, OVER);
+    }
+    // Two rules of web are named per-client: refused, naming both paths.
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "web", "rule": "per-client", "confirm": "per-client"}),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.body.contains("web.user") && r.body.contains("web.ip"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        code(&server, "web", "user", "a").await,
+        OVER,
+        "nothing reset"
+    );
+    // By path: that rule only.
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "web", "rule": "web.user", "confirm": "web.user"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(code(&server, "web", "user", "a").await, OK);
+    assert_eq!(code(&server, "web", "ip", "a").await, OVER);
+    // A name that is unique in its domain, though another domain has it:
+    // that domain's rule only.
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "web", "rule": "per-org", "confirm": "per-org"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(code(&server, "web", "org", "a").await, OK);
+    assert_eq!(code(&server, "api", "org", "a").await, OVER);
+
+    // Descriptors no rule limits: 404, saying so and where to look, for a
+    // reset and for an inspect (a typo'd key is the usual cause).
+    for path in ["/counters/reset", "/counters"] {
+        let r = post(admin(&server), path, &one("web", "usr", "a"));
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert!(
+            r.body.contains("no rule limits these descriptors"),
+            "{}",
+            r.body
+        );
+        assert!(r.body.contains("/limited?domain=web"), "{}", r.body);
+        assert!(r.body.contains("web.user"), "the rules it has: {}", r.body);
+    }
+}
+
+const REDIS_RULES: &str = "domain: r
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: fast
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 1, failure_mode: local}
+";
+
+#[tokio::test]
+async fn a_reset_on_one_instance_lifts_the_others_over_limit_cache_at_once() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        url.as_str(),
+        "--over-limit-cache",
+        "on",
+    ];
+    let (a, _ta) = with_token(REDIS_RULES, &args);
+    let (b, _tb) = with_token(REDIS_RULES, &args);
+    for _ in 0..2 {
+        assert_eq!(code(&b, "r", "user", "ann").await, OK);
+    }
+    // B now answers ann from its over-limit cache, without Redis.
+    let before = redis.calls("evalsha");
+    assert_eq!(code(&b, "r", "user", "ann").await, OVER);
+    assert_eq!(code(&b, "r", "user", "ann").await, OVER);
+    assert!(
+        redis.calls("evalsha") <= before + 1,
+        "answered from the cache"
+    );
+    let r = reset(admin(&a), &one("r", "user", "ann"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Within the watch interval (100 ms) and a little, B admits ann.
+    let lifted = Instant::now();
+    loop {
+        if code(&b, "r", "user", "ann").await == OK {
+            break;
+        }
+        assert!(
+            lifted.elapsed() < Duration::from_millis(600),
+            "B still refuses ann from its cache {:?} after A's reset",
+            lifted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The same after a rule reset and a domain reset.
+    for body in [
+        json!({"domain": "r", "rule": "r.user", "confirm": "r.user"}),
+        json!({"domain": "r", "confirm": "r"}),
+    ] {
+        while code(&b, "r", "user", "bob").await == OK {}
+        assert_eq!(code(&b, "r", "user", "bob").await, OVER);
+        let r = reset(admin(&a), &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let lifted = Instant::now();
+        while code(&b, "r", "user", "bob").await != OK {
+            assert!(lifted.elapsed() < Duration::from_millis(600), "{body}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn bulk_resets_cover_the_per_second_pool_and_the_local_fallback() {
+    let mut redis = RedisServer::start();
+    let pool = RedisServer::start();
+    let (url, pool_url) = (redis.url(), pool.url());
+    let (server, _t) = with_token(
+        REDIS_RULES,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            url.as_str(),
+            "--redis-per-second-url",
+            pool_url.as_str(),
+            "--redis-timeout",
+            "200ms",
+        ],
+    );
+    // The per-second pool: a client over its second, then a domain reset
+    // (before: the pool was missed, `reset: 0`, the client still refused).
+    // Within one second, so the window cannot end by itself meanwhile.
+    let mut lifted = false;
+    for i in 0..5 {
+        let f = format!("f{i}");
+        let start = Instant::now();
+        assert_eq!(code(&server, "r", "fast", &f).await, OK);
+        if code(&server, "r", "fast", &f).await != OVER {
+            continue;
+        }
+        let r = reset(admin(&server), &json!({"domain": "r", "confirm": "r"}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let n = serde_json::from_str::<Value>(&r.body).expect("json")["reset"]
+            .as_u64()
+            .expect("count");
+        let admitted = code(&server, "r", "fast", &f).await == OK;
+        if start.elapsed() < Duration::from_millis(900) {
+            assert!(n >= 1, "the pool's counter was deleted: {}", r.body);
+            assert!(admitted, "lifted at once");
+            lifted = true;
+            break;
+        }
+    }
+    assert!(lifted, "five tries each crossed a second boundary");
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "r", "rule": "r.fast", "confirm": "r.fast"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // The local fallback: Redis down, the client over the fallback's limit;
+    // a reset lifts it there (Redis's part fails, and says so).
+    redis.kill();
+    assert_eq!(code(&server, "r", "local", "l").await, OK);
+    assert_eq!(code(&server, "r", "local", "l").await, OVER);
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "r", "rule": "r.local", "confirm": "r.local"}),
+    );
+    assert_eq!(r.status, 503, "Redis is down: {}", r.body);
+    assert_eq!(
+        code(&server, "r", "local", "l").await,
+        OK,
+        "the fallback's counter went"
+    );
+    assert_eq!(code(&server, "r", "local", "l").await, OVER);
+    let r = reset(admin(&server), &one("r", "local", "l"));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(code(&server, "r", "local", "l").await, OK);
+}
+
+#[test]
+fn a_reset_of_a_large_domain_never_holds_health_checks() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (server, _t) = with_token(
+        REDIS_RULES,
+        &["--store", "redis", "--redis-url", url.as_str()],
+    );
+    // 990,000 counters of the domain, written by Redis itself.
+    let keys = 990_000;
+    redis.cli(&[
+        "EVAL",
+        "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'tollgate:{r|user=u' .. i .. '}:sw:hour:1', 1, 'EX', 3600) end return 1",
+        "0",
+        &keys.to_string(),
+    ]);
+    let admin = server.admin;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probing = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            let mut probes = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = Instant::now();
+                let r = http(admin, "GET", "/healthcheck", &[]).expect("health answers");
+                assert_eq!(r.status, 200);
+                worst = worst.max(started.elapsed());
+                probes += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (worst, probes)
+        })
+    };
+    let started = Instant::now();
+    // curl, which waits as long as the reset takes.
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "300", "-X", "POST"])
+        .args(["-H", "Content-Type: application/json"])
+        .args(["-H", &format!("Authorization: {BEARER}")])
+        .args([
+            "-d",
+            r#"{"domain": "r", "confirm": "r", "max_keys": 1000000}"#,
+        ])
+        .arg(format!("http://{admin}/counters/reset"))
+        .output()
+        .expect("curl runs");
+    let took = started.elapsed();
+    let body = String::from_utf8_lossy(&out.stdout).into_owned();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (worst, probes) = probing.join().expect("probes");
+    assert!(body.contains(&format!("\"reset\":{keys}")), "{body}");
+    eprintln!("reset of {keys} keys took {took:?}; {probes} health probes, the slowest {worst:?}");
+    assert!(
+        worst < Duration::from_millis(50),
+        "a health check waited {worst:?} during the reset"
+    );
+}
