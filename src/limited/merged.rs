@@ -20,6 +20,13 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 const STALE_AFTER: Nanos = 3 * 5 * NANOS_PER_SEC;
 /// The heaviest rules an instance publishes (bounding what each writes).
 pub(crate) const PUBLISHED_RULES: usize = 50;
+/// The largest view an instance publishes, and the largest one read: a
+/// view that would be larger loses its lightest clients, then its lightest
+/// rules, until it fits. Readers skip anything larger without reading it
+/// (another process wrote it).
+pub(crate) const PUBLISHED_BYTES: usize = 1 << 20;
+/// The most instances' views one merged read takes.
+const MAX_VIEWS: usize = 256;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Published {
@@ -48,14 +55,23 @@ impl Limited {
             return Ok(());
         }
         view.rules.truncate(PUBLISHED_RULES);
-        let published = Published {
+        let mut published = Published {
             at: self.clock.now(),
             view,
         };
-        let body = serde_json::to_string(&published)
-            .map_err(|e| StoreError::Script(format!("view: {e}")))?;
+        let body = loop {
+            let body = serde_json::to_string(&published)
+                .map_err(|e| StoreError::Script(format!("view: {e}")))?;
+            if body.len() <= PUBLISHED_BYTES || !shrink(&mut published.view) {
+                break body;
+            }
+        };
         store
-            .put_view(instance, &body, Duration::from_nanos(2 * STALE_AFTER))
+            .put_view(
+                instance,
+                &body,
+                (Duration::from_nanos(STALE_AFTER), PUBLISHED_BYTES),
+            )
             .await
     }
 
@@ -67,23 +83,43 @@ impl Limited {
         (domain, search): (Option<&str>, Option<&str>),
         rules: &RuleSet,
     ) -> Result<View, StoreError> {
-        let now = self.clock.now();
         let mut views = vec![self.view(domain, None, rules)];
-        for (name, body) in store.views().await? {
+        let recent = (
+            Duration::from_nanos(STALE_AFTER),
+            PUBLISHED_BYTES,
+            MAX_VIEWS,
+        );
+        for (name, body) in store.views(recent).await? {
             if name == self.instance() {
                 continue;
             }
             let Ok(published) = serde_json::from_str::<Published>(&body) else {
                 continue;
             };
-            if now.saturating_sub(published.at) <= STALE_AFTER {
-                views.push(published.view);
-            }
+            views.push(published.view);
         }
         let mut view = merge(views, domain);
         view.finish(self.options.clients, search);
         Ok(view)
     }
+}
+
+/// Makes `view` smaller: half its rules' clients (the lightest), or when
+/// each holds one at most, its lightest rule. False when nothing is left.
+fn shrink(view: &mut View) -> bool {
+    let most = view
+        .rules
+        .iter()
+        .map(|r| r.clients.len())
+        .max()
+        .unwrap_or(0);
+    if most > 1 {
+        for rule in &mut view.rules {
+            rule.clients.truncate(most / 2);
+        }
+        return true;
+    }
+    view.rules.pop().is_some()
 }
 
 fn at(text: &str) -> Nanos {
@@ -98,13 +134,19 @@ fn merge(views: Vec<View>, domain: Option<&str>) -> View {
     let instances = views.len();
     let window_seconds = views.first().map_or(0, |v| v.window_seconds);
     let slots = views.first().map_or(0, |v| v.slots);
-    let mut rules: HashMap<String, (RuleView, HashMap<String, ClientView>)> = HashMap::new();
+    // A rule is its domain and path (two rules may share a name).
+    let mut rules: HashMap<(String, String), (RuleView, HashMap<String, ClientView>)> =
+        HashMap::new();
     for view in views {
         for rule in view.rules {
             if domain.is_some_and(|d| d != rule.domain) {
                 continue;
             }
-            let (merged, clients) = rules.entry(rule.rule.clone()).or_insert_with(|| {
+            let id = (
+                rule.domain.clone(),
+                rule.path.clone().unwrap_or_else(|| rule.rule.clone()),
+            );
+            let (merged, clients) = rules.entry(id).or_insert_with(|| {
                 (
                     RuleView {
                         clients: Vec::new(),
@@ -114,7 +156,8 @@ fn merge(views: Vec<View>, domain: Option<&str>) -> View {
                     HashMap::new(),
                 )
             });
-            merged.refused += rule.refused;
+            // Counts from other processes: summed without wrapping.
+            merged.refused = merged.refused.saturating_add(rule.refused);
             if merged.source.is_none() {
                 merged.source = rule.source.clone();
             }
@@ -126,9 +169,9 @@ fn merge(views: Vec<View>, domain: Option<&str>) -> View {
                         clients.insert(c.id.clone(), c);
                     }
                     Some(m) => {
-                        m.refused += c.refused;
-                        m.admitted += c.admitted;
-                        m.error += c.error;
+                        m.refused = m.refused.saturating_add(c.refused);
+                        m.admitted = m.admitted.saturating_add(c.admitted);
+                        m.error = m.error.saturating_add(c.error);
                         if c.first_refused_at < m.first_refused_at {
                             m.first_refused_at = c.first_refused_at;
                             m.first_refused = rfc3339(c.first_refused_at);

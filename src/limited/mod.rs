@@ -14,6 +14,7 @@ mod sketch;
 pub(crate) use merged::PUBLISH_EVERY;
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -52,9 +53,33 @@ impl Default for LimitedOptions {
     }
 }
 
+/// A thread's rules, keyed by whose counters they are (the rule's domain
+/// and path as one hash, [`crate::store::scope_tag`]): two rules of one
+/// name, or of one name in two domains, are two entries.
 #[derive(Debug, Default)]
 struct Shard {
-    rules: HashMap<Arc<str>, RuleSketch>,
+    rules: HashMap<u64, RuleSketch, BuildHasherDefault<Tagged>>,
+}
+
+/// The keys are hashes already: used as they are.
+#[derive(Debug, Default)]
+struct Tagged(u64);
+
+impl std::hash::Hasher for Tagged {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Both halves are hashes; mixed so the table's low bits see both.
+        self.0 = n ^ n.rotate_left(32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// The heaviest limited clients, per rule.
@@ -110,6 +135,11 @@ pub(crate) struct RuleView {
     /// The rule's name, else its path (as response headers name it).
     pub rule: String,
     pub domain: String,
+    /// Its path (`domain.key_value...`, as `/rlconfig` shows it), which
+    /// names it unambiguously (a reset takes it), when the rule is still in
+    /// force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// Where it is written (`file:line`), when the rule is still in force.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -182,9 +212,9 @@ impl Limited {
     pub(crate) fn view(&self, domain: Option<&str>, search: Option<&str>, rules: &RuleSet) -> View {
         let now = self.clock.now();
         let epoch = now / self.epoch;
-        let mut merged: HashMap<Arc<str>, (RuleView, HashMap<u64, ClientView>)> = HashMap::new();
+        let mut merged: HashMap<u64, (RuleView, HashMap<u64, ClientView>)> = HashMap::new();
         self.shards.each(|shard| {
-            for (policy, sketch) in &shard.rules {
+            for (&tag, sketch) in &shard.rules {
                 if domain.is_some_and(|d| d != &*sketch.domain) {
                     continue;
                 }
@@ -192,16 +222,18 @@ impl Limited {
                 if refused == 0 {
                     continue;
                 }
-                let (rule, clients) = merged.entry(policy.clone()).or_insert_with(|| {
-                    let source = sketch
+                let (rule, clients) = merged.entry(tag).or_insert_with(|| {
+                    // The rule at its index, if it is still the same rule.
+                    let now_in_force = sketch
                         .rule
                         .and_then(|i| rules.rules().get(i))
-                        .filter(|r| *r.policy_name == **policy)
-                        .map(|r| format!("{}:{}", r.source.file.display(), r.source.line));
+                        .filter(|r| crate::store::scope_tag(&r.domain, Some(&r.path)) == tag);
                     let rule = RuleView {
-                        rule: policy.to_string(),
+                        rule: sketch.policy.to_string(),
                         domain: sketch.domain.to_string(),
-                        source,
+                        path: now_in_force.map(|r| r.path.clone()),
+                        source: now_in_force
+                            .map(|r| format!("{}:{}", r.source.file.display(), r.source.line)),
                         refused: 0,
                         clients: Vec::new(),
                     };
@@ -359,12 +391,12 @@ impl Observer for Limited {
                 let mut id =
                     || *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));
                 if !over {
-                    if let Some(rule) = shard.rules.get_mut(&applied.policy) {
+                    if let Some(rule) = shard.rules.get_mut(&applied.scope) {
                         rule.admit(id(), epoch);
                     }
                     continue;
                 }
-                if !shard.rules.contains_key(&applied.policy)
+                if !shard.rules.contains_key(&applied.scope)
                     && shard.rules.len() >= self.options.rules
                 {
                     shard.rules.retain(|_, rule| !rule.expired(epoch));
@@ -373,10 +405,9 @@ impl Observer for Limited {
                         continue;
                     }
                 }
-                let rule = shard
-                    .rules
-                    .entry(applied.policy.clone())
-                    .or_insert_with(|| RuleSketch::new(domain.into(), applied.rule));
+                let rule = shard.rules.entry(applied.scope).or_insert_with(|| {
+                    RuleSketch::new(domain.into(), applied.policy.clone(), applied.rule)
+                });
                 rule.rule = applied.rule;
                 rule.refuse((id(), now, epoch), self.options.clients, || {
                     owned(request.descriptors.iter().map(|d| &d.entries[..]))

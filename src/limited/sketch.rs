@@ -91,6 +91,8 @@ pub(crate) struct Client {
 pub(crate) struct RuleSketch {
     /// The domain of the requests it counted.
     pub(crate) domain: Arc<str>,
+    /// The rule's name as responses name it (its name, else its path).
+    pub(crate) policy: Arc<str>,
     /// The rule's index in the rule set in force when it last refused.
     pub(crate) rule: Option<usize>,
     /// Every refusal of the rule, tracked client or not.
@@ -100,9 +102,10 @@ pub(crate) struct RuleSketch {
 }
 
 impl RuleSketch {
-    pub(crate) fn new(domain: Arc<str>, rule: Option<usize>) -> Self {
+    pub(crate) fn new(domain: Arc<str>, policy: Arc<str>, rule: Option<usize>) -> Self {
         Self {
             domain,
+            policy,
             rule,
             refused: Window::default(),
             clients: Vec::new(),
@@ -243,7 +246,7 @@ mod tests {
 
     #[test]
     fn heavy_clients_are_held_and_counts_are_within_the_error() {
-        let mut sketch = RuleSketch::new("d".into(), None);
+        let mut sketch = RuleSketch::new("d".into(), "r".into(), None);
         // Three heavy clients among 2,000 light ones, 8 slots.
         let mut truth: HashMap<u64, u64> = HashMap::new();
         for round in 0..100u64 {
@@ -276,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_million_distinct_clients_keep_the_slots_bound() {
-        let mut sketch = RuleSketch::new("d".into(), None);
+        let mut sketch = RuleSketch::new("d".into(), "r".into(), None);
         for id in 0..1_000_000u64 {
             sketch.refuse((id, 0, id / 100_000), 16, none);
         }
@@ -286,7 +289,7 @@ mod tests {
 
     #[test]
     fn admissions_count_for_tracked_clients_only() {
-        let mut sketch = RuleSketch::new("d".into(), None);
+        let mut sketch = RuleSketch::new("d".into(), "r".into(), None);
         sketch.refuse((1, 0, 0), 4, none);
         sketch.admit(1, 0);
         sketch.admit(1, 0);

@@ -56,7 +56,7 @@ impl Limiter {
                 }
                 let status = LimitStatus {
                     over_limit: !allowed && check.enforced,
-                    limit: applied(plan, &*self.clock),
+                    limit: applied(plan, check.scope, &*self.clock),
                     remaining,
                     reset,
                 };
@@ -111,7 +111,7 @@ impl Limiter {
     }
 }
 
-fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
+fn applied(plan: &Planned, scope: u64, clock: &dyn Clock) -> AppliedLimit {
     let (name, policy) = match &plan.rule {
         Some(rule) => (rule.reported_name.clone(), rule.policy_name.clone()),
         None => (Arc::from(""), Arc::from("override")),
@@ -123,6 +123,7 @@ fn applied(plan: &Planned, clock: &dyn Clock) -> AppliedLimit {
         unit: plan.limit.unit,
         from_request: plan.rule.is_none(),
         rule: plan.rule.as_ref().map(|r| r.index),
+        scope,
         window_seconds: match plan.limit.calendar {
             None => plan.limit.period_seconds(),
             Some(_) => {

@@ -107,6 +107,10 @@ pub struct AppliedLimit {
     /// The rule that set the limit: its index in the rule set in force
     /// ([`crate::rules::Rule::index`]); `None` for a request's override.
     pub rule: Option<usize>,
+    /// Whose counter: the rule's domain and path as one number
+    /// ([`crate::store::scope_tag`]), the same across reloads; what tells
+    /// two rules of one name apart.
+    pub scope: u64,
 }
 
 /// The answer to a request.

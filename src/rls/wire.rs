@@ -205,6 +205,7 @@ mod tests {
                 shadow,
                 from_request: false,
                 rule: None,
+                scope: 0,
             })
     }
 

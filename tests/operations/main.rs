@@ -19,4 +19,5 @@ mod manifests;
 mod operations;
 mod resets;
 mod scrapes;
+mod shared_views;
 mod simulate;

@@ -135,6 +135,29 @@ async fn a_rule_is_named_unambiguously_and_a_reset_of_nothing_says_so() {
         assert_eq!(code(&server, domain, key, "a").await, OK);
         assert_eq!(code(&server, domain, key, "a").await, OVER);
     }
+    // The view of who is limited tells them apart too (before: one entry
+    // per name, so a domain's filter hid a rule named like another
+    // domain's, and two rules of one name were one).
+    let paths = |domain: &str| -> Vec<String> {
+        let r = http(
+            server.admin,
+            "GET",
+            &format!("/limited?domain={domain}"),
+            &[],
+        )
+        .expect("admin answers");
+        let view: Value = serde_json::from_str(&r.body).expect("json");
+        let mut paths: Vec<String> = view["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| r["path"].as_str().unwrap_or("?").to_owned())
+            .collect();
+        paths.sort();
+        paths
+    };
+    assert_eq!(paths("web"), ["web.ip", "web.org", "web.user"]);
+    assert_eq!(paths("api"), ["api.org"]);
     // Two rules of web are named per-client: refused, naming both paths.
     let r = reset(
         admin(&server),

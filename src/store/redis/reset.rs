@@ -222,7 +222,10 @@ impl RedisStore {
         let groups: Vec<Vec<String>> = if self.inner.cluster.is_some() {
             let mut by_slot: BTreeMap<Slot, Vec<String>> = BTreeMap::new();
             for (i, name) in names.into_iter().enumerate() {
-                by_slot.entry(slot_of(name.as_bytes())).or_default().push(name);
+                by_slot
+                    .entry(slot_of(name.as_bytes()))
+                    .or_default()
+                    .push(name);
                 // A domain may have a million counters: the runtime that
                 // runs this also answers health checks.
                 if i % YIELD_EVERY == YIELD_EVERY - 1 {
