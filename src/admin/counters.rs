@@ -39,10 +39,11 @@ struct LimitView {
 /// `POST /counters`.
 pub(super) async fn counters(
     State(s): State<AdminState>,
+    caller: super::Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(refused) = s.access.may_read(&headers) {
+    if let Some(refused) = s.access.may_read(&headers, caller.map(|c| c.0)) {
         return refused;
     }
     if let Some(answer) = super::not_json(&s, &headers, "/counters") {
@@ -67,22 +68,17 @@ pub(super) async fn counters(
 /// `POST /counters/reset`.
 pub(super) async fn reset(
     State(s): State<AdminState>,
+    caller: super::Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let who = match s.access.bearer(&headers) {
-        Ok(name) => name.to_owned(),
-        Err((status, why)) => {
-            let mut answer = (status, why).into_response();
-            if status == StatusCode::UNAUTHORIZED {
-                answer.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    axum::http::HeaderValue::from_static("Bearer"),
-                );
-            }
-            return answer;
-        }
+    let peer = caller.map(|c| c.0);
+    let who = match s.access.may_reset(&headers, peer) {
+        Ok(name) => name,
+        Err(answer) => return *answer,
     };
+    // The audit line names the token and the address it came from.
+    let from = peer.map_or_else(|| "unknown".to_owned(), |p| p.0.to_string());
     if let Some(answer) = super::not_json(&s, &headers, "/counters/reset") {
         return answer;
     }
@@ -90,7 +86,7 @@ pub(super) async fn reset(
     if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&body)
         && !fields.contains_key("descriptors")
     {
-        return reset_all(&s, &who, &fields).await;
+        return reset_all(&s, (&who, &from), &fields).await;
     }
     domain_request!(&body, proto, request);
     match s.limiter.reset(&request).await {
@@ -104,6 +100,7 @@ pub(super) async fn reset(
                 .collect();
             tracing::warn!(
                 by = who,
+                from,
                 domain = crate::rules::printable(request.domain).as_ref(),
                 descriptors = %crate::rules::printable(&format!("{descriptors:?}")),
                 counters = cleared,
@@ -127,7 +124,7 @@ const MAX_KEYS: usize = 10_000;
 /// the whole domain, confirmed by its name).
 async fn reset_all(
     s: &AdminState,
-    who: &str,
+    (who, from): (&str, &str),
     fields: &serde_json::Map<String, serde_json::Value>,
 ) -> Response {
     let text = |name: &str| fields.get(name).and_then(serde_json::Value::as_str);
@@ -176,6 +173,7 @@ async fn reset_all(
             let (counters, body) = (n, serde_json::json!({"reset": n, "by": who}));
             tracing::warn!(
                 by = who,
+                from,
                 domain = crate::rules::printable(domain).as_ref(),
                 rule = rule.map(crate::rules::printable).as_deref(),
                 counters,

@@ -23,7 +23,10 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-/// The admin port's browser rules.
+use super::failures::{FailureLimits, Failures};
+use super::tokens::{Scope, TokenFile, Tokens};
+
+/// The admin port's browser rules, and who may read and reset.
 #[derive(Debug, Default)]
 pub(crate) struct Access {
     /// Host names served besides IP addresses and `localhost`, lowercase;
@@ -34,13 +37,34 @@ pub(crate) struct Access {
     /// Requests refused (a foreign Host, a cross-site request, a body that
     /// is not JSON): `tollgate_admin_refused_total`.
     pub refused: std::sync::atomic::AtomicU64,
-    /// Who may reset counters: `(name, token)` from `--admin-token-file`;
-    /// `None`: resets are off.
-    pub tokens: Option<Vec<(String, String)>>,
+    /// Who may reset counters (and read, with `--admin-reads token`):
+    /// `--admin-token-file`; `None`: resets are off.
+    pub tokens: Option<Arc<TokenFile>>,
+    /// Failed token attempts, per caller.
+    pub failures: Failures,
     /// Whether reading who is limited needs a token too (`--admin-reads token`).
     pub reads_need_token: bool,
     /// The most counters one bulk reset may clear (`--admin-reset-max-keys`).
     pub reset_ceiling: usize,
+}
+
+/// The address of the caller of an admin request: a request extension
+/// the admin listener adds on each connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub std::net::SocketAddr);
+
+/// Why a request's token was not accepted.
+enum Refused {
+    /// No token file: resets are off.
+    Off,
+    /// The token file's last change did not load.
+    Closed(String),
+    /// Too many failures from this caller: wait this long.
+    Throttled(std::time::Duration),
+    /// No token, or not one of the file's.
+    Wrong,
+    /// A read-only token, for a reset.
+    ReadOnly(String),
 }
 
 /// The most counters one bulk reset may clear unless configured
@@ -53,16 +77,20 @@ impl Access {
         Self {
             hosts,
             json,
-            refused: std::sync::atomic::AtomicU64::new(0),
-            tokens: None,
-            reads_need_token: false,
             reset_ceiling: RESET_MAX_KEYS,
+            ..Self::default()
         }
     }
 
-    /// Resets allowed to the bearers of `tokens`.
-    pub(crate) fn with_tokens(mut self, tokens: Vec<(String, String)>) -> Self {
-        self.tokens = Some(tokens);
+    /// Resets allowed to the bearers of the file's tokens.
+    pub(crate) fn with_tokens(mut self, tokens: TokenFile) -> Self {
+        self.tokens = Some(Arc::new(tokens));
+        self
+    }
+
+    /// Failed token attempts throttled within `limits`.
+    pub(crate) fn with_failure_limits(mut self, limits: FailureLimits) -> Self {
+        self.failures = Failures::new(limits);
         self
     }
 
@@ -78,50 +106,120 @@ impl Access {
         self
     }
 
-    /// `None` when `headers` may read who is limited; else the answer.
-    pub(super) fn may_read(&self, headers: &HeaderMap) -> Option<Response> {
+    /// `None` when the request may read clients' counters; else the
+    /// answer. With `--admin-reads token`, any token of the file reads.
+    pub(super) fn may_read(&self, headers: &HeaderMap, peer: Option<Peer>) -> Option<Response> {
         if !self.reads_need_token {
             return None;
         }
-        match self.bearer(headers) {
-            Ok(_) => None,
-            Err((status, _)) => Some(
-                (
-                    status,
-                    [(header::WWW_AUTHENTICATE, "Bearer")],
-                    "reading who is limited needs Authorization: Bearer TOKEN (--admin-reads token)\n",
-                )
-                    .into_response(),
-            ),
-        }
+        let refused = self.check(headers, peer, Scope::Read).err()?;
+        let wrong = "reading clients' counters needs Authorization: Bearer TOKEN (--admin-reads token), with a token from --admin-token-file\n";
+        Some(self.refusal(refused, wrong))
     }
 
-    /// The name of the token `headers` carry (`Authorization: Bearer T`),
-    /// `Err` with the status to answer: 403 when resets are off, 401 for a
-    /// missing or wrong token. Tokens are compared in constant time.
-    pub(super) fn bearer(&self, headers: &HeaderMap) -> Result<&str, (StatusCode, &'static str)> {
-        let Some(tokens) = &self.tokens else {
-            return Err((
-                StatusCode::FORBIDDEN,
-                "resets are turned off: start Tollgate with --admin-token-file FILE (one token per line, NAME:TOKEN to name it in the log)\n",
-            ));
+    /// The name of the token the request carries when it may reset
+    /// counters; else the answer (403 when resets are off or the token is
+    /// read-only, 401 for a missing or wrong token, 429 when the caller
+    /// failed too often, 503 when the token file did not load).
+    pub(super) fn may_reset(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<Peer>,
+    ) -> Result<String, Box<Response>> {
+        self.check(headers, peer, Scope::Reset).map_err(|refused| {
+            Box::new(self.refusal(
+                refused,
+                "a reset needs Authorization: Bearer TOKEN, with a token from --admin-token-file\n",
+            ))
+        })
+    }
+
+    /// The name of the token the request carries (`Authorization: Bearer
+    /// T`, the scheme in any case), when it may do `need`. Tokens are
+    /// compared in constant time; a failure is counted against the caller.
+    fn check(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<Peer>,
+        need: Scope,
+    ) -> Result<String, Refused> {
+        let Some(file) = &self.tokens else {
+            return Err(Refused::Off);
+        };
+        let caller = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
+        let now = std::time::Instant::now();
+        if let Some(wait) = self.failures.throttled(caller, now) {
+            return Err(Refused::Throttled(wait));
+        }
+        let tokens = file.tokens();
+        let tokens = match &*tokens {
+            Tokens::Open(tokens) => tokens,
+            Tokens::Closed(why) => return Err(Refused::Closed(why.clone())),
         };
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(bearer_token)
             .unwrap_or("");
         let mut found = None;
-        for (name, token) in tokens {
-            if !given.is_empty() && same(given.as_bytes(), token.as_bytes()) {
-                found = Some(name.as_str());
+        for token in tokens {
+            if !given.is_empty() && same(given.as_bytes(), token.secret.as_bytes()) {
+                found = Some(token);
             }
         }
-        found.ok_or((
-            StatusCode::UNAUTHORIZED,
-            "a reset needs Authorization: Bearer TOKEN, with a token from --admin-token-file\n",
-        ))
+        match found {
+            None => {
+                self.failures.record(caller, now);
+                Err(Refused::Wrong)
+            }
+            Some(t) if need == Scope::Reset && t.scope == Scope::Read => {
+                Err(Refused::ReadOnly(t.name.clone()))
+            }
+            Some(t) => Ok(t.name.clone()),
+        }
+    }
+
+    /// The answer to a refused token; `wrong` says what a good one is.
+    fn refusal(&self, refused: Refused, wrong: &'static str) -> Response {
+        match refused {
+            Refused::Off => (
+                StatusCode::FORBIDDEN,
+                "resets are turned off: start Tollgate with --admin-token-file FILE (one token per line, NAME:TOKEN to name it in the log)\n",
+            )
+                .into_response(),
+            Refused::Closed(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "every admin token is refused: the token file did not load ({why}); fix it and it is read again within a second\n"
+                ),
+            )
+                .into_response(),
+            Refused::Throttled(wait) => {
+                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, secs.to_string())],
+                    format!(
+                        "too many requests with a wrong or missing token from this address: try again in {secs} s (--admin-auth-max-failures)\n"
+                    ),
+                )
+                    .into_response()
+            }
+            Refused::Wrong => (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                wrong,
+            )
+                .into_response(),
+            Refused::ReadOnly(name) => (
+                StatusCode::FORBIDDEN,
+                format!(
+                    "token '{}' is read-only (a 'read' line of --admin-token-file): it cannot reset counters\n",
+                    crate::rules::printable(&name)
+                ),
+            )
+                .into_response(),
+        }
     }
 
     pub(super) fn count_refusal(&self) {
@@ -136,9 +234,13 @@ impl Access {
 
     /// Whether a request with this `Host` header is served.
     fn host_allowed(&self, host: Option<&str>) -> bool {
-        let Some(host) = host else {
-            // HTTP/1.0 without Host: not a browser.
+        if self.hosts.iter().any(|h| h == "*") {
             return true;
+        }
+        // No Host (HTTP/1.0) or an empty one names no host served: refused
+        // like a foreign one, so a rebinding page cannot hide it.
+        let Some(host) = host.filter(|h| !h.trim().is_empty()) else {
+            return false;
         };
         let name = host_name(host);
         name.parse::<std::net::IpAddr>().is_ok()
@@ -204,12 +306,14 @@ pub(super) async fn guard(
         .and_then(|v| v.to_str().ok());
     if !access.host_allowed(host) {
         access.count_refusal();
-        let host = host.unwrap_or_default().to_owned();
+        let named = match host {
+            Some(host) if !host.trim().is_empty() => format!("Host '{}'", host.escape_debug()),
+            _ => "a request without a Host header".to_owned(),
+        };
         return (
             StatusCode::MISDIRECTED_REQUEST,
             format!(
-                "admin: Host '{}' is not served (IP addresses, localhost, or a name given with --admin-hosts)\n",
-                host.escape_debug()
+                "admin: {named} is not served (IP addresses, localhost, or a name given with --admin-hosts)\n"
             ),
         )
             .into_response();
@@ -235,35 +339,13 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// Reads `--admin-token-file`: a token per line (`NAME:TOKEN` names it;
-/// otherwise it is `token N`), blank lines and `#` comments skipped.
-pub(crate) fn read_tokens(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?;
-    let mut tokens = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, token) = match line.split_once(':') {
-            Some((name, token)) => (name.trim().to_owned(), token.trim().to_owned()),
-            None => (format!("token {}", tokens.len() + 1), line.to_owned()),
-        };
-        if token.len() < 16 {
-            return Err(format!(
-                "--admin-token-file {}: token '{name}' is shorter than 16 characters",
-                path.display()
-            ));
-        }
-        tokens.push((name, token));
-    }
-    if tokens.is_empty() {
-        return Err(format!(
-            "--admin-token-file {}: no token in it",
-            path.display()
-        ));
-    }
-    Ok(tokens)
+/// The token of an `Authorization` value whose scheme is `Bearer`, in any
+/// case (RFC 9110: schemes are case-insensitive).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once([' ', '\t'])?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
 }
 
 #[cfg(test)]
@@ -291,9 +373,12 @@ mod tests {
         ] {
             assert!(!access.host_allowed(Some(refused)), "{refused}");
         }
-        assert!(access.host_allowed(None));
+        assert!(!access.host_allowed(None), "no Host");
+        assert!(!access.host_allowed(Some("")), "an empty Host");
+        assert!(!access.host_allowed(Some(" ")), "a blank Host");
         let any = Access::new(vec!["*".into()], true);
         assert!(any.host_allowed(Some("evil.example")));
+        assert!(any.host_allowed(None));
     }
 
     #[test]
@@ -326,6 +411,60 @@ mod tests {
             cross_site(&headers(&[("sec-fetch-site", "same-origin")])),
             None
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer T1", "bearer T1", "BEARER  T1 ", "BeArEr\tT1"] {
+            assert_eq!(bearer_token(value), Some("T1"), "{value}");
+        }
+        for value in ["Basic T1", "BearerT1", "Bearer", "T1"] {
+            assert_ne!(bearer_token(value), Some("T1"), "{value}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn read_only_tokens_read_and_cannot_reset() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tokens");
+        std::fs::write(
+            &path,
+            "ops:0123456789abcdef\nread viewer:fedcba9876543210\n",
+        )
+        .expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let access = Access::new(vec![], true)
+            .with_tokens(TokenFile::load(&path, true).expect("loads"))
+            .with_token_reads();
+        let with = |value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, value.parse().expect("value"));
+            h
+        };
+        let peer = Some(Peer(([192, 0, 2, 1], 5000).into()));
+        assert_eq!(
+            access
+                .may_reset(&with("bearer 0123456789abcdef"), peer)
+                .ok()
+                .as_deref(),
+            Some("ops")
+        );
+        assert!(
+            access
+                .may_read(&with("Bearer fedcba9876543210"), peer)
+                .is_none()
+        );
+        let refused = access
+            .may_reset(&with("Bearer fedcba9876543210"), peer)
+            .expect_err("read-only");
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+        let wrong = access
+            .may_read(&with("Bearer 0000000000000000"), peer)
+            .expect("refused");
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(access.failures.total(), 1);
     }
 
     #[test]

@@ -10,10 +10,11 @@ use super::AdminState;
 /// heaviest rule and client first.
 pub(super) async fn limited(
     State(s): State<AdminState>,
+    caller: super::Caller,
     headers: axum::http::HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Some(refused) = s.access.may_read(&headers) {
+    if let Some(refused) = s.access.may_read(&headers, caller.map(|c| c.0)) {
         return refused;
     }
     // A browser asking for a page gets the page.

@@ -21,13 +21,17 @@ macro_rules! domain_request {
 }
 
 mod counters;
+mod failures;
 mod guard;
 mod json;
 mod limited;
+mod tokens;
 mod ui;
 
-pub(crate) use guard::{Access, RESET_MAX_KEYS, read_tokens};
+pub(crate) use failures::FailureLimits;
+pub(crate) use guard::{Access, Peer, RESET_MAX_KEYS};
 pub use json::request_from_json;
+pub(crate) use tokens::{TokenFile, parse as parse_tokens};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -158,6 +162,8 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             .as_ref()
             .map(|l| l.metrics_snapshot(&s.limiter.rules())),
         admin_refused: s.access.refused(),
+        admin_auth_failures: s.access.failures.total(),
+        admin_auth_throttled: s.access.failures.throttled_total(),
         redis: match s.limiter.store() {
             Store::Redis(r) => Some(r.events()),
             Store::Memory(_) => None,
@@ -201,8 +207,20 @@ fn no_candidate() -> Response {
 /// The most buckets `/rlqs` lists unless `?limit=` says otherwise.
 const RLQS_DEFAULT_LIMIT: usize = 1000;
 
-/// The quota service's streams, buckets and current assignments.
-async fn rlqs(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+/// The caller's address, as the admin listener recorded it.
+type Caller = Option<axum::Extension<Peer>>;
+
+/// The quota service's streams, buckets and current assignments (buckets
+/// are named by clients' descriptors: closed with `--admin-reads token`).
+async fn rlqs(
+    State(s): State<AdminState>,
+    caller: Caller,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    if let Some(refused) = s.access.may_read(&headers, caller.map(|c| c.0)) {
+        return refused;
+    }
     let asked = uri
         .query()
         .unwrap_or("")
@@ -234,7 +252,18 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
     }
 }
 
-async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+/// `POST /json`: a decision, spending budget, with what is left: with
+/// `--admin-reads token` it reveals a client's counters, so it needs a
+/// token too.
+async fn json(
+    State(s): State<AdminState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = s.access.may_read(&headers, caller.map(|c| c.0)) {
+        return refused;
+    }
     // A cross-site page can send text/plain without a CORS preflight; it
     // cannot send application/json.
     if let Some(answer) = not_json(&s, &headers, "/json") {

@@ -96,6 +96,10 @@ pub(crate) struct Others {
     pub limited: Option<limited::LimitedMetrics>,
     /// Admin requests refused.
     pub admin_refused: u64,
+    /// Admin requests with a wrong or missing bearer token.
+    pub admin_auth_failures: u64,
+    /// Admin requests answered 429 after too many of those.
+    pub admin_auth_throttled: u64,
     /// The Redis store's background work (`None` off Redis).
     pub redis: Option<crate::store::redis::RedisEvents>,
 }
@@ -250,6 +254,16 @@ impl Metrics {
             "tollgate_admin_refused_total",
             "Admin requests refused: a Host that is not served, a cross-site request, or a /json body not declared as JSON.",
             others.admin_refused,
+        );
+        e.counter(
+            "tollgate_admin_auth_failures_total",
+            "Admin requests with a wrong or missing bearer token (a reset, or a read with --admin-reads token).",
+            others.admin_auth_failures,
+        );
+        e.counter(
+            "tollgate_admin_auth_throttled_total",
+            "Admin requests answered 429 without their token being checked: their address failed too often (--admin-auth-max-failures).",
+            others.admin_auth_throttled,
         );
         out
     }

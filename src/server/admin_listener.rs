@@ -53,6 +53,7 @@ pub(super) async fn serve(
                     router: router.clone(),
                     idle: idle.clone(),
                     id,
+                    peer: tcp.peer_addr().ok().map(crate::admin::Peer),
                 });
                 let lifetime = limits.admin_timeout;
                 let acceptor = tls.as_ref().map(|t| t.admin_acceptor());
@@ -89,12 +90,15 @@ pub(super) async fn serve(
     connections.abort_all();
 }
 
-/// The router, marking its connection busy while a request is in progress.
+/// The router, marking its connection busy while a request is in progress,
+/// and giving each request its caller's address (for the audit log and
+/// the throttle on failed tokens).
 #[derive(Clone)]
 struct Tracked {
     router: axum::Router,
     idle: Arc<Idle>,
     id: u64,
+    peer: Option<crate::admin::Peer>,
 }
 
 impl tower_service::Service<axum::http::Request<hyper::body::Incoming>> for Tracked {
@@ -111,8 +115,11 @@ impl tower_service::Service<axum::http::Request<hyper::body::Incoming>> for Trac
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&mut self, mut request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
         self.idle.set(self.id, true);
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(peer);
+        }
         let mut router = self.router.clone();
         let idle = self.idle.clone();
         let id = self.id;

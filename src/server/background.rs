@@ -165,7 +165,35 @@ impl Background {
             Err(e) => tracing::warn!("cannot listen for SIGHUP: {e}"),
         }
     }
+
+    /// The admin token file is re-read when it changes and on SIGHUP; the
+    /// summary of failed token attempts is logged with the same tick, so a
+    /// flood's tail is reported when it stops.
+    pub(super) fn admin_tokens(&mut self, access: Arc<crate::admin::Access>) {
+        let Some(file) = access.tokens.clone() else {
+            return;
+        };
+        let watched = file.clone();
+        self.spawn(every(TOKEN_POLL, move || {
+            watched.poll();
+            access.failures.flush(std::time::Instant::now());
+        }));
+        #[cfg(unix)]
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hangups) => self.spawn(async move {
+                while hangups.recv().await.is_some() {
+                    let file = file.clone();
+                    let _ = tokio::task::spawn_blocking(move || file.reload("SIGHUP")).await;
+                }
+            }),
+            Err(e) => tracing::warn!("cannot listen for SIGHUP (admin tokens): {e}"),
+        }
+    }
 }
+
+/// How often the admin token file is looked at: a rotated token works, and
+/// the old one stops, within two looks.
+const TOKEN_POLL: Duration = Duration::from_millis(250);
 
 /// Runs `work` every `interval` on a blocking thread, never two at once:
 /// the sweep walks every shard and the reloads read files, which must not

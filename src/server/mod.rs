@@ -373,6 +373,7 @@ fn parts(
         if let Some(reloader) = reloader {
             tasks.rule_reloads(reloader, candidate.as_ref().map(|c| c.reloader.clone()));
         }
+        tasks.admin_tokens(admin_access.clone());
         // Signal handlers are in place (SIGHUP above; SIGTERM/SIGINT on the
         // first poll of `shutdown`) before the lines that say Tollgate is up:
         // a signal sent as soon as they appear is handled, not fatal.

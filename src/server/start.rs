@@ -239,9 +239,11 @@ fn admin_access(args: &ServeArgs) -> Result<crate::admin::Access, String> {
             .collect(),
         args.admin_json == OnOff::On,
     )
-    .with_reset_ceiling(args.limited.admin_reset_max_keys);
+    .with_reset_ceiling(args.limited.admin_reset_max_keys)
+    .with_failure_limits(args.limited.failure_limits());
     if let Some(path) = &args.limited.admin_token_file {
-        access = access.with_tokens(crate::admin::read_tokens(path)?);
+        let mode_check = args.limited.admin_token_file_mode_check == OnOff::On;
+        access = access.with_tokens(crate::admin::TokenFile::load(path, mode_check)?);
     }
     if args.limited.admin_reads == crate::settings::AdminReads::Token {
         if args.limited.admin_token_file.is_none() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::values::{at_least_one, parse_duration};
+use super::values::{OnOff, at_least_one, parse_duration};
 use crate::limited::LimitedOptions;
 use crate::limiter::RefusalLog;
 
@@ -56,17 +56,41 @@ pub(crate) struct LimitedArgs {
     )]
     pub refusal_log_rate: u32,
 
-    /// Who may read who is being limited (/limited, /counters, /ui): `open`
-    /// (anyone who reaches the admin port, as /metrics) or `token` (a bearer
-    /// token from --admin-token-file, as resets).
+    /// Who may read clients' counters (/limited, /counters, /json, /rlqs,
+    /// /ui): `open` (anyone who reaches the admin port, as /metrics) or
+    /// `token` (a bearer token from --admin-token-file, a read-only one
+    /// too; the page is off).
     #[arg(long = "admin-reads", env = "TOLLGATE_ADMIN_READS", value_enum, default_value_t = AdminReads::Open)]
     pub admin_reads: AdminReads,
 
     /// A file of bearer tokens that may reset counters on the admin port
     /// (POST /counters/reset), one per line, optionally `NAME:TOKEN` (the
-    /// name is logged with each reset). Without it, resets are refused.
+    /// name is logged with each reset; split at the first colon) and
+    /// `read NAME:TOKEN` for a token that only reads. Re-read when it
+    /// changes and on SIGHUP. Without it, resets are refused.
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+
+    /// `off` serves a token file that other users may read or write (mode
+    /// & 077); `on` refuses it (at start-up, and on a reload by refusing
+    /// every token): a token others can read is not a secret.
+    #[arg(long = "admin-token-file-mode-check", env = "TOLLGATE_ADMIN_TOKEN_FILE_MODE_CHECK", value_enum, default_value_t = OnOff::On)]
+    pub admin_token_file_mode_check: OnOff,
+
+    /// Requests with a wrong or missing token one address may make within
+    /// --admin-auth-failure-window; past it, the address is answered 429
+    /// (with Retry-After) without its token being checked.
+    #[arg(long = "admin-auth-max-failures", env = "TOLLGATE_ADMIN_AUTH_MAX_FAILURES", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub admin_auth_max_failures: u32,
+
+    /// How long an address's failed token attempts are remembered.
+    #[arg(long = "admin-auth-failure-window", env = "TOLLGATE_ADMIN_AUTH_FAILURE_WINDOW", default_value = "1m", value_parser = parse_duration)]
+    pub admin_auth_failure_window: Duration,
+
+    /// The most addresses whose failed attempts are remembered; when that
+    /// many are within their window, new addresses share one budget.
+    #[arg(long = "admin-auth-max-callers", env = "TOLLGATE_ADMIN_AUTH_MAX_CALLERS", default_value_t = 10_000, value_parser = at_least_one)]
+    pub admin_auth_max_callers: usize,
 
     /// The most counters one reset of a rule or a domain may clear, whatever
     /// its body's `max_keys` asks (the keys found are held while they are
@@ -116,6 +140,15 @@ fn parse_window(text: &str) -> Result<Duration, String> {
 }
 
 impl LimitedArgs {
+    /// The throttle on failed token attempts.
+    pub(crate) fn failure_limits(&self) -> crate::admin::FailureLimits {
+        crate::admin::FailureLimits {
+            max: self.admin_auth_max_failures,
+            window: self.admin_auth_failure_window,
+            callers: self.admin_auth_max_callers,
+        }
+    }
+
     /// The view's options, `None` when it is off.
     pub(crate) fn options(&self) -> Option<LimitedOptions> {
         (self.clients > 0).then_some(LimitedOptions {

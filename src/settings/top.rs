@@ -10,7 +10,8 @@ use super::parse_duration;
 /// `tollgate top`.
 #[derive(Debug, Args, Clone)]
 pub(crate) struct TopArgs {
-    /// The admin port of a running Tollgate (`http://HOST:PORT`).
+    /// The admin port of a running Tollgate (`http://HOST:PORT`, or
+    /// `https://HOST:PORT` for one with --admin-tls on).
     #[arg(long, default_value = "http://127.0.0.1:6070")]
     pub admin: String,
     /// How often to refresh (at least 100ms: each refresh is a request to
@@ -30,6 +31,10 @@ pub(crate) struct TopArgs {
     /// bearer token (for a Tollgate with --admin-reads token).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) that an `https://` admin port's certificate
+    /// must chain to (without it: the system's roots).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl TopArgs {
@@ -37,13 +42,13 @@ impl TopArgs {
     pub(crate) fn options(&self) -> Result<crate::top::TopOptions, String> {
         let token = match &self.token_file {
             None => None,
-            Some(path) => Some(
-                crate::admin::read_tokens(path)?
-                    .into_iter()
-                    .map(|(_, token)| token)
-                    .next()
-                    .unwrap_or_default(),
-            ),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+                let tokens = crate::admin::parse_tokens(&text)
+                    .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+                tokens.into_iter().map(|t| t.secret).next()
+            }
         };
         Ok(crate::top::TopOptions {
             admin: self.admin.clone(),
@@ -52,6 +57,7 @@ impl TopArgs {
             search: self.search.clone(),
             once: self.once,
             token,
+            ca_file: self.ca_file.clone(),
         })
     }
 }

@@ -420,6 +420,16 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
         hits_addend: 0,
     }
 }
+/// Writes `text` to `dir/name` as an admin token file only its owner may
+/// read or write (mode 0600, as `--admin-token-file` requires); its path.
+pub fn token_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write the token file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    path.to_string_lossy().into_owned()
+}
+
 pub mod envoy;
 pub mod gateway;
 pub mod raw;

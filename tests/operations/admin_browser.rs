@@ -222,3 +222,36 @@ async fn the_admin_page_shows_who_is_limited() {
         (303, Some("/ui"))
     );
 }
+
+/// What does not show as itself (a bidi override, a zero-width space, a
+/// terminal escape) is shown escaped on the page, as `\u{..}`; an address
+/// whose `#inspect=` is not valid percent-encoding is said so, and the rest
+/// of the page still runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_page_escapes_invisible_characters_and_survives_a_bad_address() {
+    let server = Tollgate::start(RULES, &[]);
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        ask(
+            &mut client,
+            request("d", &[&[("user", "eve\u{202e}nimda\u{200b}\u{1b}[2J")]]),
+        )
+        .await;
+    }
+    let dom = chromium(
+        &format!("http://{}/ui#inspect=%E0%A4%A", server.admin),
+        4_000,
+    );
+    assert!(
+        dom.contains(r"user=eve\u{202e}nimda\u{200b}\u{1b}[2J"),
+        "escaped: {dom}"
+    );
+    assert!(
+        !dom.contains('\u{202e}') && !dom.contains('\u{200b}') && !dom.contains('\u{1b}'),
+        "never raw: {dom}"
+    );
+    assert!(
+        dom.contains("not valid percent-encoding"),
+        "the bad address is said so: {dom}"
+    );
+}

@@ -31,9 +31,8 @@ fn json_of(r: &Response) -> Value {
 
 async fn scenario(store: &[&str], redis: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("# operators\n{TOKEN}\n")).expect("write tokens");
-    let tokens = tokens.to_string_lossy().into_owned();
+    let tokens =
+        crate::common::token_file(dir.path(), "tokens", &format!("# operators\n{TOKEN}\n"));
     let mut args = vec![
         "--admin-token-file",
         tokens.as_str(),
@@ -255,15 +254,9 @@ async fn resets_are_off_without_a_token_file() {
 #[test]
 fn a_short_token_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "short\n").expect("write");
+    let tokens = crate::common::token_file(dir.path(), "tokens", "short\n");
     let run = crate::common::run_briefly(
-        &[
-            "--rules",
-            "examples/rules",
-            "--admin-token-file",
-            &tokens.to_string_lossy(),
-        ],
+        &["--rules", "examples/rules", "--admin-token-file", &tokens],
         &[],
     );
     assert!(!run.success);
@@ -497,9 +490,7 @@ async fn the_merged_view_sums_the_instances_on_redis() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reads_can_be_closed_to_token_bearers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("{TOKEN}\n")).expect("write tokens");
-    let tokens = tokens.to_string_lossy().into_owned();
+    let tokens = crate::common::token_file(dir.path(), "tokens", &format!("{TOKEN}\n"));
     let server = Tollgate::start(
         RULES,
         &["--admin-token-file", &tokens, "--admin-reads", "token"],

@@ -10,6 +10,7 @@
 mod common;
 
 mod admin_browser;
+mod admin_tokens;
 mod candidate;
 mod docs;
 mod image;

@@ -1,13 +1,29 @@
 // The admin page: who is being limited now, the rules in force and the
 // store's health, refreshed every 2 s. Every value a client sent is shown
-// with textContent, never parsed as HTML.
+// with textContent, never parsed as HTML, and through visible(): a
+// character that does not show as itself is shown escaped.
 "use strict";
 
 const REFRESH_MS = 2000;
 
+// Controls (Cc), format characters (Cf: bidi overrides and isolates,
+// zero-width spaces and joiners, the BOM, the soft hyphen), line and
+// paragraph separators, and blanks that render as nothing: each would let
+// one client, rule or path look like another.
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u034F\u115F\u1160\u3164\uFFA0\u2800\uFE00-\uFE0F\u{E0100}-\u{E01EF}]/gu;
+
+// `text` with every hidden character written as \u{hex}, as tollgate top
+// and the logs write it; `lines` keeps line breaks (for multi-line text).
+function visible(text, lines) {
+  const escape = (c) => "\\u{" + c.codePointAt(0).toString(16) + "}";
+  const one = (t) => t.replace(HIDDEN, escape);
+  const all = String(text);
+  return lines ? all.split("\n").map(one).join("\n") : one(all);
+}
+
 function el(tag, text, cls) {
   const e = document.createElement(tag);
-  if (text !== undefined) e.textContent = String(text);
+  if (text !== undefined) e.textContent = visible(text);
   if (cls) e.className = cls;
   return e;
 }
@@ -22,8 +38,8 @@ function renderLimited(view) {
   const box = document.getElementById("limited");
   box.replaceChildren();
   document.getElementById("window").textContent =
-    "The last " + view.window_seconds + " s, this instance (" + view.scope +
-    "); up to " + view.slots + " clients per rule.";
+    visible("The last " + view.window_seconds + " s, this instance (" + view.scope +
+    "); up to " + view.slots + " clients per rule.");
   if (view.rules.length === 0) {
     box.append(el("p", "Nobody is being limited.", "note"));
     return;
@@ -31,7 +47,7 @@ function renderLimited(view) {
   for (const rule of view.rules) {
     const title = el("h3");
     title.append(el("code", rule.rule));
-    title.append(" (" + rule.domain + ") " + rule.refused + " refused");
+    title.append(visible(" (" + rule.domain + ") " + rule.refused + " refused"));
     if (rule.source) title.append(el("span", " at " + rule.source, "note"));
     box.append(title);
     const table = el("table");
@@ -69,16 +85,16 @@ async function refresh() {
     const health = await fetch("/healthcheck");
     const text = (await health.text()).trim();
     const pill = document.getElementById("health");
-    pill.textContent = health.ok ? "store: " + text : "unhealthy: " + text;
+    pill.textContent = visible(health.ok ? "store: " + text : "unhealthy: " + text);
     pill.className = "pill " + (health.ok ? "ok" : "bad");
   } catch (e) {
     document.getElementById("health").textContent = "unreachable";
   }
   try {
     const rules = await fetch("/rlconfig");
-    document.getElementById("rules").textContent = await rules.text();
+    document.getElementById("rules").textContent = visible(await rules.text(), true);
   } catch (e) {
-    document.getElementById("rules").textContent = "Could not read /rlconfig: " + e;
+    document.getElementById("rules").textContent = visible("Could not read /rlconfig: " + e);
   }
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }
@@ -135,13 +151,23 @@ document.getElementById("inspect").addEventListener("submit", (event) => {
   event.preventDefault();
   inspect(document.getElementById("inspect-domain").value.trim(), document.getElementById("inspect-entries").value);
 });
-const asked = decodeURIComponent(location.hash.replace(/^#inspect=/, ""));
-if (location.hash.startsWith("#inspect=") && asked.indexOf(":") > 0) {
-  const domain = asked.slice(0, asked.indexOf(":"));
-  const entries = asked.slice(asked.indexOf(":") + 1);
-  document.getElementById("inspect-domain").value = domain;
-  document.getElementById("inspect-entries").value = entries;
-  inspect(domain, entries);
+// The address may be anyone's link: one that does not decode is said so,
+// and the rest of the page runs.
+if (location.hash.startsWith("#inspect=")) {
+  let asked = null;
+  try {
+    asked = decodeURIComponent(location.hash.slice("#inspect=".length));
+  } catch (e) {
+    document.getElementById("counters").replaceChildren(
+      el("p", "The address's #inspect= is not valid percent-encoding (" + e.message + "); give #inspect=DOMAIN:key=value,...", "note"));
+  }
+  if (asked !== null && asked.indexOf(":") > 0) {
+    const domain = asked.slice(0, asked.indexOf(":"));
+    const entries = asked.slice(asked.indexOf(":") + 1);
+    document.getElementById("inspect-domain").value = domain;
+    document.getElementById("inspect-entries").value = entries;
+    inspect(domain, entries);
+  }
 }
 document.getElementById("search").addEventListener("input", refresh);
 refresh();
