@@ -19,9 +19,7 @@ const BEARER: &str = "Bearer 0123456789abcdef0123";
 /// A Tollgate with a token file, `rules` and `args`.
 fn with_token(rules: &str, args: &[&str]) -> (Tollgate, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("{TOKEN}\n")).expect("write tokens");
-    let tokens = tokens.to_string_lossy().into_owned();
+    let tokens = crate::common::token_file(dir.path(), "tokens", &format!("{TOKEN}\n"));
     let mut all = vec!["--admin-token-file", tokens.as_str()];
     all.extend_from_slice(args);
     (Tollgate::start(rules, &all), dir)
