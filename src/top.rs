@@ -324,59 +324,18 @@ pub(crate) fn render(view: &View, admin: &str, width: usize) -> String {
 /// the BOM, the soft hyphen, tags), line and paragraph separators, and the
 /// blank fillers that render as nothing.
 pub(crate) fn visible(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(hidden) {
+    if !text.chars().any(crate::wire_text::hidden) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        if hidden(c) {
+        if crate::wire_text::hidden(c) {
             out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
         } else {
             out.push(c);
         }
     }
     Cow::Owned(out)
-}
-
-/// Whether `c` does not show as itself: Unicode's Cc, Cf, Zl and Zp, and
-/// blanks that are letters or marks.
-fn hidden(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            u32::from(c),
-            // Cf (format), Unicode 16.
-            0xAD | 0x600..=0x605
-                | 0x61C
-                | 0x6DD
-                | 0x70F
-                | 0x890..=0x891
-                | 0x8E2
-                | 0x180E
-                | 0x200B..=0x200F
-                | 0x202A..=0x202E
-                | 0x2060..=0x2064
-                | 0x2066..=0x206F
-                | 0xFEFF
-                | 0xFFF9..=0xFFFB
-                | 0x110BD
-                | 0x110CD
-                | 0x13430..=0x1343F
-                | 0x1BCA0..=0x1BCA3
-                | 0x1D173..=0x1D17A
-                | 0xE0001
-                | 0xE0020..=0xE007F
-                // Zl, Zp.
-                | 0x2028..=0x2029
-                // Blank: the grapheme joiner, Hangul fillers, variation
-                // selectors, the braille blank.
-                | 0x34F
-                | 0x115F..=0x1160
-                | 0x3164
-                | 0xFFA0
-                | 0xFE00..=0xFE0F
-                | 0xE0100..=0xE01EF
-                | 0x2800
-        )
 }
 
 #[cfg(test)]
@@ -467,7 +426,12 @@ mod tests {
         }))
         .expect("a view");
         let frame = render(&view, "http://127.0.0.1:6070", 200);
-        assert!(!frame.chars().any(|c| c != '\n' && hidden(c)), "{frame:?}");
+        assert!(
+            !frame
+                .chars()
+                .any(|c| c != '\n' && crate::wire_text::hidden(c)),
+            "{frame:?}"
+        );
         for shown in [
             "api.\\u{1b}]0;pwned\\u{7}user",
             "(api\\u{202e})",

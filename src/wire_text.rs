@@ -76,6 +76,48 @@ pub(crate) fn to_wire(text: &str) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Whether `c` does not show as itself (so logs, the admin page and
+/// `tollgate top` write it escaped): Unicode's Cc, Cf, Zl and Zp, and
+/// blanks that are letters or marks.
+pub(crate) fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            u32::from(c),
+            // Cf (format), Unicode 16.
+            0xAD | 0x600..=0x605
+                | 0x61C
+                | 0x6DD
+                | 0x70F
+                | 0x890..=0x891
+                | 0x8E2
+                | 0x180E
+                | 0x200B..=0x200F
+                | 0x202A..=0x202E
+                | 0x2060..=0x2064
+                | 0x2066..=0x206F
+                | 0xFEFF
+                | 0xFFF9..=0xFFFB
+                | 0x110BD
+                | 0x110CD
+                | 0x13430..=0x1343F
+                | 0x1BCA0..=0x1BCA3
+                | 0x1D173..=0x1D17A
+                | 0xE0001
+                | 0xE0020..=0xE007F
+                // Zl, Zp.
+                | 0x2028..=0x2029
+                // Blank: the grapheme joiner, Hangul fillers, variation
+                // selectors, the braille blank.
+                | 0x34F
+                | 0x115F..=0x1160
+                | 0x3164
+                | 0xFFA0
+                | 0xFE00..=0xFE0F
+                | 0xE0100..=0xE01EF
+                | 0x2800
+        )
+}
+
 /// The marker, then `bytes` with invalid bytes as `\xHH` and backslashes
 /// doubled.
 fn escaped(bytes: &[u8]) -> String {

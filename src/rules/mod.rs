@@ -207,17 +207,25 @@ impl RuleSet {
     }
 }
 
-/// `text` with its control characters escaped (`\n`, `\u{1b}`): a value
-/// from a rule file or a control plane cannot start a line of its own in
-/// one-rule-per-line output (`tollgate check`, `/rlconfig`).
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), and the
+/// characters that do not show as themselves (direction overrides,
+/// zero-width and other invisible ones) as `\u{202e}`: a value from a rule
+/// file, a control plane or a request cannot start a line of its own in
+/// one-rule-per-line output (`tollgate check`, `/rlconfig`, logs), nor
+/// display as another value.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    let hidden = crate::wire_text::hidden;
+    if !text.chars().any(hidden) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         if c.is_control() {
             out.extend(c.escape_default());
+        } else if hidden(c) {
+            // Direction overrides, zero-width and other invisible
+            // characters: a value could otherwise display as another.
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
         } else {
             out.push(c);
         }
@@ -281,3 +289,17 @@ impl fmt::Display for RuleSet {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod printable_tests {
+    #[test]
+    fn controls_and_invisible_characters_are_escaped() {
+        assert_eq!(super::printable("admin"), "admin");
+        assert_eq!(super::printable("a\nb\u{1b}"), "a\\nb\\u{1b}");
+        // "nimda" written backwards with a direction override shows as
+        // "admin"; a zero-width space hides in a value.
+        assert_eq!(super::printable("\u{202e}nimda"), "\\u{202e}nimda");
+        assert_eq!(super::printable("ad\u{200b}min"), "ad\\u{200b}min");
+        assert_eq!(super::printable("zoë"), "zoë");
+    }
+}
