@@ -50,6 +50,11 @@ impl<T: Default> PerThread<T> {
 }
 
 impl<T> PerThread<T> {
+    /// How many shards there are.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.len()
+    }
+
     /// This thread's shard, locked.
     pub(crate) fn mine(&self) -> MutexGuard<'_, T> {
         self.shards[thread_slot() % self.shards.len()].0.lock()

@@ -6,8 +6,10 @@ use axum::response::{IntoResponse, Response};
 
 use super::AdminState;
 
-/// `GET /limited[?domain=D][&search=TEXT][&scope=instance|merged]`: JSON,
-/// heaviest rule and client first.
+/// `GET /limited[?domain=D][&search=TEXT][&scope=instance|merged]
+/// [&limit=N][&offset=M]`: JSON, heaviest rule and client first, `limit`
+/// rules from the `offset`th (50 from the first by default; at most
+/// [`MAX_PAGE`]); `total_rules` and `next_offset` say what is left.
 pub(super) async fn limited(
     State(s): State<AdminState>,
     caller: super::Caller,
@@ -33,6 +35,28 @@ pub(super) async fn limited(
             .into_response();
     };
     let query = Query::parse(uri.query());
+    let page = |name: &str, default: usize| match query.get(name) {
+        None => Ok(default),
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| name == "offset" || (1..=MAX_PAGE).contains(&n))
+            .ok_or_else(|| {
+                let range = if name == "limit" {
+                    " from 1 to 1000"
+                } else {
+                    ""
+                };
+                format!(
+                    "{name} is a whole number{range}, not '{}'\n",
+                    crate::rules::printable(text)
+                )
+            }),
+    };
+    let (limit, offset) = match (page("limit", PAGE), page("offset", 0)) {
+        (Ok(limit), Ok(offset)) => (limit, offset),
+        (Err(why), _) | (_, Err(why)) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
     let rules = s.limiter.rules();
     let view = match (query.get("scope"), s.limiter.store()) {
         (None | Some("instance"), _) => {
@@ -71,11 +95,18 @@ pub(super) async fn limited(
                 .into_response();
         }
     };
+    let mut view = view;
+    view.paginate(offset, limit);
     match serde_json::to_string(&view) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
 }
+
+/// Rules per page of `/limited` unless `limit` says otherwise.
+const PAGE: usize = 50;
+/// The most rules one page holds.
+const MAX_PAGE: usize = 1_000;
 
 /// A URL's query, percent-decoded (`+` is a space).
 pub(super) struct Query(Vec<(String, String)>);

@@ -191,6 +191,8 @@ fn merge(views: Vec<View>, domain: Option<&str>) -> View {
         instances: Some(instances),
         window_seconds,
         slots,
+        total_rules: None,
+        next_offset: None,
         rules: rules
             .into_values()
             .map(|(mut rule, clients)| {

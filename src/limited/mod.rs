@@ -40,6 +40,8 @@ pub(crate) struct LimitedOptions {
     pub window: Duration,
     /// Ranks per rule in `tollgate_limited_refusals` (`--limited-metric-ranks`).
     pub metric_ranks: usize,
+    /// The most the whole view holds, in bytes (`--limited-max-bytes`).
+    pub max_bytes: usize,
 }
 
 impl Default for LimitedOptions {
@@ -49,6 +51,7 @@ impl Default for LimitedOptions {
             rules: 200,
             window: Duration::from_secs(300),
             metric_ranks: 3,
+            max_bytes: 64 << 20,
         }
     }
 }
@@ -59,6 +62,9 @@ impl Default for LimitedOptions {
 #[derive(Debug, Default)]
 struct Shard {
     rules: HashMap<u64, RuleSketch, BuildHasherDefault<Tagged>>,
+    /// Clients held by all its rules (each counted at its largest,
+    /// [`sketch::CLIENT_BYTES`]; a rule itself counts as one).
+    held: usize,
 }
 
 /// The keys are hashes already: used as they are.
@@ -89,13 +95,37 @@ pub(crate) struct Limited {
     epoch: Nanos,
     clock: Arc<dyn Clock>,
     shards: PerThread<Shard>,
-    /// Refusals of rules past `--limited-rules`.
+    /// Clients (and rules) one shard may hold: `--limited-max-bytes`
+    /// shared by the shards, each client counted at its largest.
+    held_per_shard: usize,
+    /// Refusals of rules past `--limited-rules`, or of clients past
+    /// `--limited-max-bytes`.
     untracked: AtomicU64,
     /// This instance's name among those sharing a store.
     instance: String,
     /// Whether the view last published (or, before any, the absence of
     /// one) says nobody is limited.
     published_empty: std::sync::atomic::AtomicBool,
+}
+
+/// A rule's record as copied out of a shard (see [`Limited::view`]).
+struct Taken {
+    domain: Arc<str>,
+    policy: Arc<str>,
+    rule: Option<usize>,
+    refused: u64,
+    clients: Vec<TakenClient>,
+}
+
+/// A client's record as copied out of a shard.
+struct TakenClient {
+    id: u64,
+    refused: u64,
+    admitted: u64,
+    error: u64,
+    first: Nanos,
+    last: Nanos,
+    descriptors: sketch::Descriptors,
 }
 
 /// One key and value of a descriptor.
@@ -163,6 +193,12 @@ pub(crate) struct View {
     pub slots: usize,
     /// Heaviest rule first.
     pub rules: Vec<RuleView>,
+    /// Rules in the whole view, when `rules` is one page of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_rules: Option<usize>,
+    /// The `offset` of the next page, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<usize>,
 }
 
 impl std::fmt::Debug for Limited {
@@ -177,11 +213,14 @@ impl Limited {
     /// A view with `options`, timed by `clock`.
     pub(crate) fn new(options: LimitedOptions, clock: Arc<dyn Clock>) -> Self {
         let window = u64::try_from(options.window.as_nanos()).unwrap_or(u64::MAX);
+        let shards = PerThread::new();
+        let held_per_shard = (options.max_bytes / shards.len() / sketch::CLIENT_BYTES).max(1);
         Self {
             options,
             epoch: (window / EPOCHS as u64).max(1),
             clock,
-            shards: PerThread::new(),
+            shards,
+            held_per_shard,
             untracked: AtomicU64::new(0),
             instance: String::from("this instance"),
             published_empty: std::sync::atomic::AtomicBool::new(true),
@@ -203,8 +242,10 @@ impl Limited {
     /// admissions go back to costing nothing.
     pub(crate) fn sweep(&self) {
         let epoch = self.clock.now() / self.epoch;
-        self.shards
-            .each_mut(|shard| shard.rules.retain(|_, rule| !rule.expired(epoch)));
+        self.shards.each_mut(|shard| {
+            shard.rules.retain(|_, rule| !rule.expired(epoch));
+            shard.held = shard.rules.values().map(|r| r.clients.len() + 1).sum();
+        });
     }
 
     /// This instance's view, `domain`'s rules only when given, each rule's
@@ -212,7 +253,10 @@ impl Limited {
     pub(crate) fn view(&self, domain: Option<&str>, search: Option<&str>, rules: &RuleSet) -> View {
         let now = self.clock.now();
         let epoch = now / self.epoch;
-        let mut merged: HashMap<u64, (RuleView, HashMap<u64, ClientView>)> = HashMap::new();
+        // Under each shard's lock, only numbers and shared pointers are
+        // copied: its thread's decisions wait for that, never for the
+        // text and JSON made below.
+        let mut taken: Vec<(u64, Taken)> = Vec::new();
         self.shards.each(|shard| {
             for (&tag, sketch) in &shard.rules {
                 if domain.is_some_and(|d| d != &*sketch.domain) {
@@ -222,68 +266,95 @@ impl Limited {
                 if refused == 0 {
                     continue;
                 }
-                let (rule, clients) = merged.entry(tag).or_insert_with(|| {
-                    // The rule at its index, if it is still the same rule.
-                    let now_in_force = sketch
-                        .rule
-                        .and_then(|i| rules.rules().get(i))
-                        .filter(|r| crate::store::scope_tag(&r.domain, Some(&r.path)) == tag);
-                    let rule = RuleView {
-                        rule: sketch.policy.to_string(),
-                        domain: sketch.domain.to_string(),
-                        path: now_in_force.map(|r| r.path.clone()),
-                        source: now_in_force
-                            .map(|r| format!("{}:{}", r.source.file.display(), r.source.line)),
-                        refused: 0,
-                        clients: Vec::new(),
-                    };
-                    (rule, HashMap::new())
-                });
-                rule.refused += refused;
-                for c in &sketch.clients {
-                    let n = c.refused.total(epoch);
-                    if n == 0 {
-                        continue;
-                    }
-                    let view = clients.entry(c.id).or_insert_with(|| ClientView {
-                        descriptors: Vec::new(),
-                        refused: 0,
-                        admitted: 0,
-                        share: 0.0,
-                        error: 0,
-                        first_refused: String::new(),
-                        last_refused: String::new(),
-                        id: format!("{:016x}", c.id),
-                        first_refused_at: Nanos::MAX,
-                        last_refused_at: 0,
-                    });
-                    view.refused += n;
-                    view.admitted += c.admitted.total(epoch);
-                    view.error += c.error;
-                    view.first_refused_at = view.first_refused_at.min(c.first_refused);
-                    if c.last_refused >= view.last_refused_at {
-                        view.last_refused_at = c.last_refused;
-                        view.descriptors = c
-                            .descriptors
-                            .iter()
-                            .map(|d| {
-                                d.iter()
-                                    .map(|(k, v)| Entry {
-                                        key: k.to_string(),
-                                        value: v.to_string(),
-                                    })
-                                    .collect()
-                            })
-                            .collect();
-                    }
-                }
+                let clients = sketch
+                    .clients
+                    .iter()
+                    .filter_map(|c| {
+                        let n = c.refused.total(epoch);
+                        (n > 0).then(|| TakenClient {
+                            id: c.id,
+                            refused: n,
+                            admitted: c.admitted.total(epoch),
+                            error: c.error,
+                            first: c.first_refused,
+                            last: c.last_refused,
+                            descriptors: c.descriptors.clone(),
+                        })
+                    })
+                    .collect();
+                taken.push((
+                    tag,
+                    Taken {
+                        domain: sketch.domain.clone(),
+                        policy: sketch.policy.clone(),
+                        rule: sketch.rule,
+                        refused,
+                        clients,
+                    },
+                ));
             }
         });
+        let mut merged: HashMap<u64, (RuleView, HashMap<u64, ClientView>)> = HashMap::new();
+        for (tag, sketch) in taken {
+            let (rule, clients) = merged.entry(tag).or_insert_with(|| {
+                // The rule at its index, if it is still the same rule.
+                let now_in_force = sketch
+                    .rule
+                    .and_then(|i| rules.rules().get(i))
+                    .filter(|r| crate::store::scope_tag(&r.domain, Some(&r.path)) == tag);
+                let rule = RuleView {
+                    rule: sketch.policy.to_string(),
+                    domain: sketch.domain.to_string(),
+                    path: now_in_force.map(|r| r.path.clone()),
+                    source: now_in_force
+                        .map(|r| format!("{}:{}", r.source.file.display(), r.source.line)),
+                    refused: 0,
+                    clients: Vec::new(),
+                };
+                (rule, HashMap::new())
+            });
+            rule.refused = rule.refused.saturating_add(sketch.refused);
+            for c in sketch.clients {
+                let view = clients.entry(c.id).or_insert_with(|| ClientView {
+                    descriptors: Vec::new(),
+                    refused: 0,
+                    admitted: 0,
+                    share: 0.0,
+                    error: 0,
+                    first_refused: String::new(),
+                    last_refused: String::new(),
+                    id: format!("{:016x}", c.id),
+                    first_refused_at: Nanos::MAX,
+                    last_refused_at: 0,
+                });
+                view.refused = view.refused.saturating_add(c.refused);
+                view.admitted = view.admitted.saturating_add(c.admitted);
+                view.error = view.error.saturating_add(c.error);
+                view.first_refused_at = view.first_refused_at.min(c.first);
+                if c.last >= view.last_refused_at {
+                    view.last_refused_at = c.last;
+                    view.descriptors = c
+                        .descriptors
+                        .iter()
+                        .map(|d| {
+                            d.iter()
+                                .map(|(k, v)| Entry {
+                                    key: k.to_string(),
+                                    value: v.to_string(),
+                                })
+                                .collect()
+                        })
+                        .collect();
+                }
+            }
+        }
         let mut view = View {
             scope: "instance".into(),
             instances: None,
             window_seconds: self.options.window.as_secs(),
             slots: self.options.clients,
+            total_rules: None,
+            next_offset: None,
             rules: merged
                 .into_values()
                 .map(|(mut rule, clients)| {
@@ -329,6 +400,17 @@ impl Limited {
 }
 
 impl View {
+    /// Keeps `limit` rules from the `offset`th (heaviest first), saying how
+    /// many there are and where the next page starts.
+    pub(crate) fn paginate(&mut self, offset: usize, limit: usize) {
+        let total = self.rules.len();
+        self.rules.drain(..offset.min(total));
+        self.rules.truncate(limit);
+        let end = offset.saturating_add(limit);
+        self.total_rules = Some(total);
+        self.next_offset = (end < total).then_some(end);
+    }
+
     /// Sorts (heaviest first), keeps `slots` clients per rule and those
     /// matching `search`, and works out each client's share.
     pub(crate) fn finish(&mut self, slots: usize, search: Option<&str>) {
@@ -367,53 +449,76 @@ fn rfc3339(at: Nanos) -> String {
 }
 
 impl Observer for Limited {
+    /// A refused request is one step, whatever its descriptors: the first
+    /// limit that refused it is counted to its client (a request of 128
+    /// refused descriptors costs what one of one does). An admitted request
+    /// counts to each tracked client it touches; a thread that tracks
+    /// nothing pays a look at the decision.
     fn observe(&self, request: &Request<'_>, decision: &Decision) {
-        let refused = decision
-            .statuses
-            .iter()
-            .any(|s| s.limits().any(|(_, over, _, _)| over));
+        let refused = decision.statuses.iter().enumerate().find_map(|(d, s)| {
+            s.limits()
+                .find(|(_, over, _, _)| *over)
+                .map(|(applied, _, _, _)| (d, applied))
+        });
         let mut shard = self.shards.mine();
-        // Nobody refused here within the window: admissions cost nothing.
-        if !refused && shard.rules.is_empty() {
-            return;
-        }
         let now = self.clock.now();
         let epoch = now / self.epoch;
         let domain = request.domain;
-        for (d, status) in decision.statuses.iter().enumerate() {
-            let Some(descriptor) = request.descriptors.get(d) else {
-                continue;
-            };
-            // The descriptor's identity, hashed once whatever its limits,
-            // and only when one of them needs it.
-            let mut hashed = None;
-            for (applied, over, _, _) in status.limits() {
-                let mut id =
-                    || *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));
-                if !over {
-                    if let Some(rule) = shard.rules.get_mut(&applied.scope) {
-                        rule.admit(id(), epoch);
-                    }
-                    continue;
-                }
-                if !shard.rules.contains_key(&applied.scope)
-                    && shard.rules.len() >= self.options.rules
-                {
-                    shard.rules.retain(|_, rule| !rule.expired(epoch));
-                    if shard.rules.len() >= self.options.rules {
-                        self.untracked.fetch_add(1, Relaxed);
-                        continue;
-                    }
-                }
-                let rule = shard.rules.entry(applied.scope).or_insert_with(|| {
-                    RuleSketch::new(domain.into(), applied.policy.clone(), applied.rule)
-                });
-                rule.rule = applied.rule;
-                rule.refuse((id(), now, epoch), self.options.clients, || {
-                    owned(request.descriptors.iter().map(|d| &d.entries[..]))
-                });
+        let Some((d, applied)) = refused else {
+            // Nobody refused here within the window: admissions cost nothing.
+            if shard.rules.is_empty() {
+                return;
             }
+            for (d, status) in decision.statuses.iter().enumerate() {
+                let Some(descriptor) = request.descriptors.get(d) else {
+                    continue;
+                };
+                // Hashed once whatever its limits, only when one needs it.
+                let mut hashed = None;
+                for (applied, _, _, _) in status.limits() {
+                    if let Some(rule) = shard.rules.get_mut(&applied.scope) {
+                        let id =
+                            *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));
+                        rule.admit(id, epoch);
+                    }
+                }
+            }
+            return;
+        };
+        let Some(descriptor) = request.descriptors.get(d) else {
+            return;
+        };
+        let shard = &mut *shard;
+        if !shard.rules.contains_key(&applied.scope) {
+            if shard.rules.len() >= self.options.rules || shard.held >= self.held_per_shard {
+                shard.rules.retain(|_, rule| !rule.expired(epoch));
+                shard.held = shard.rules.values().map(|r| r.clients.len() + 1).sum();
+            }
+            if shard.rules.len() >= self.options.rules || shard.held >= self.held_per_shard {
+                self.untracked.fetch_add(1, Relaxed);
+                return;
+            }
+            shard.held += 1;
         }
+        let rule = shard.rules.entry(applied.scope).or_insert_with(|| {
+            RuleSketch::new(domain.into(), applied.policy.clone(), applied.rule)
+        });
+        rule.rule = applied.rule;
+        // A new client takes a free slot only while the shard has room; a
+        // full shard still counts the refusal, and a heavier newcomer still
+        // takes the lightest client's slot.
+        let slots = if shard.held < self.held_per_shard {
+            self.options.clients
+        } else {
+            rule.clients.len().max(1)
+        };
+        let before = rule.clients.len();
+        rule.refuse(
+            (client_id(domain, &descriptor.entries), now, epoch),
+            slots,
+            || owned(request.descriptors.iter().map(|d| &d.entries[..])),
+        );
+        shard.held += rule.clients.len() - before;
     }
 }
 

@@ -12,7 +12,9 @@
 //! stopped being refused within a window.
 //!
 //! Memory is bounded whatever the clients: `slots` clients per rule, each
-//! with its request's entries cut to [`MAX_DESCRIPTOR_BYTES`].
+//! with its request's entries cut to [`MAX_DESCRIPTOR_BYTES`] (what the
+//! entries take in memory, their bookkeeping included, not only their
+//! text), so a client is at most [`CLIENT_BYTES`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,9 +24,19 @@ use crate::clock::Nanos;
 /// Epochs per window: a client's counts leave the window a quarter at a time.
 pub(crate) const EPOCHS: usize = 4;
 
-/// The most bytes of keys and values kept of a refused request's
-/// descriptors (beyond, entries are left out and the cut is marked).
+/// The most memory a refused request's descriptors are kept in: their keys
+/// and values, and [`ENTRY_BYTES`] for each entry and descriptor (beyond,
+/// entries are left out and the cut is marked).
 pub(crate) const MAX_DESCRIPTOR_BYTES: usize = 1_024;
+
+/// What an entry takes beside its text: the pair of boxed strings and
+/// their two allocations' rounding.
+const ENTRY_BYTES: usize = 2 * std::mem::size_of::<Box<str>>() + 2 * 16;
+
+/// The most one held client takes: its record, its slot in the index,
+/// its descriptors (the cut's mark and the shared list's header included).
+pub(crate) const CLIENT_BYTES: usize =
+    std::mem::size_of::<Client>() + 32 + MAX_DESCRIPTOR_BYTES + 2 * ENTRY_BYTES + 64;
 
 /// One descriptor's entries, owned.
 pub(crate) type Entries = Box<[(Box<str>, Box<str>)]>;
@@ -200,9 +212,11 @@ pub(crate) fn owned<'a>(
     let mut cut = 0usize;
     let mut out: Vec<Entries> = Vec::new();
     for entries in descriptors {
-        let mut kept = Vec::with_capacity(entries.len());
+        let mut kept = Vec::new();
+        // The descriptor's own list.
+        left = left.saturating_sub(ENTRY_BYTES);
         for (k, v) in entries {
-            let size = k.len() + v.len();
+            let size = k.len() + v.len() + ENTRY_BYTES;
             if size > left {
                 cut += 1;
                 continue;

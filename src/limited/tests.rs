@@ -186,9 +186,96 @@ fn rules_past_the_bound_are_counted_not_tracked() {
         )
         .expect("rules"),
     );
+    // One request refused by both rules is one step: its first refusal.
     ask(&limiter, "ann");
     let metrics = limited.metrics_snapshot(&limiter.rules());
     assert_eq!(metrics.rules.len(), 1);
-    assert_eq!(metrics.untracked, 1);
+    assert_eq!(metrics.untracked, 0);
     assert_eq!(metrics.rules[0].ranks, [1]);
+    // A request refused by the second rule alone: past the bound.
+    let request = Request {
+        domain: "api",
+        descriptors: smallvec![Descriptor {
+            entries: smallvec![("path", "/login"), ("method", "POST")],
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let decided = limiter
+        .decide_now(&request)
+        .expect("memory")
+        .expect("decided");
+    assert!(decided.over_limit);
+    let metrics = limited.metrics_snapshot(&limiter.rules());
+    assert_eq!(metrics.rules.len(), 1);
+    assert_eq!(metrics.untracked, 1);
+}
+
+#[test]
+fn the_view_holds_no_more_than_its_bytes_whatever_the_clients_and_entries() {
+    // The smallest bound: 1 MiB shared by the shards, each client counted
+    // at its largest.
+    let options = LimitedOptions {
+        clients: 10_000,
+        max_bytes: 1 << 20,
+        ..LimitedOptions::default()
+    };
+    let (limiter, limited, _) = limiter(options);
+    let shards = crate::shards::PerThread::<()>::new().len();
+    let most = (options.max_bytes / shards / super::sketch::CLIENT_BYTES).max(1);
+    let rules = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+    limiter.set_rules(
+        load_sources(
+            &[(PathBuf::from("r.yaml"), rules.to_owned())],
+            &LoadOptions::default(),
+        )
+        .expect("rules"),
+    );
+    // 5,000 clients, each with a request of many tiny entries (the most
+    // costly shape per byte of text).
+    let tiny: Vec<(String, String)> = (0..30).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+    for n in 0..5_000 {
+        let user = format!("u{n}");
+        let mut descriptors = smallvec::SmallVec::new();
+        descriptors.push(Descriptor {
+            entries: smallvec![("user", user.as_str())],
+            ..Descriptor::default()
+        });
+        descriptors.push(Descriptor {
+            entries: tiny.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            ..Descriptor::default()
+        });
+        let request = Request {
+            domain: "api",
+            descriptors,
+            hits_addend: 0,
+        };
+        limiter
+            .decide_now(&request)
+            .expect("memory")
+            .expect("decided");
+    }
+    let view = limited.view(None, None, &limiter.rules());
+    let held = view.rules[0].clients.len();
+    // This thread's shard holds at most its share (one slot is the rule's).
+    assert!(held < most, "{held} clients held, the bound is {most}");
+    assert!(held > most / 2, "the bound is used: {held} of {most}");
+    assert_eq!(view.rules[0].refused, 5_000, "every refusal counted");
+    // Each held client's descriptors stay within their bytes: the tiny
+    // entries were cut, and the cut is marked.
+    let kept: usize = view.rules[0].clients[0]
+        .descriptors
+        .iter()
+        .map(|d| d.len())
+        .sum();
+    assert!(kept < 20, "{kept} entries kept");
+    assert!(
+        view.rules[0].clients[0]
+            .descriptors
+            .iter()
+            .flatten()
+            .any(|e| e.value.ends_with("more entries")),
+        "{:?}",
+        view.rules[0].clients[0].descriptors
+    );
 }

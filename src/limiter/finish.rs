@@ -40,6 +40,9 @@ impl Limiter {
         // `planned` and `unlimited` are in request order: walk them alongside.
         let mut limits = planned.iter().zip(checks.iter()).peekable();
         let mut unlimited = unlimited.iter().peekable();
+        // One refusal line per request (its line lists every descriptor):
+        // a request of 128 refused descriptors is one step, not 128.
+        let mut logged = false;
         for d in 0..descriptors {
             let mut decided: Option<((bool, bool, u64), LimitStatus)> = None;
             let mut others = Vec::new();
@@ -51,7 +54,8 @@ impl Limiter {
                 if !*quiet {
                     self.count_decision(plan, check, allowed, remaining);
                 }
-                if !allowed && !*quiet {
+                if !allowed && !*quiet && !logged {
+                    logged = true;
                     self.log_refusal(request, plan, check, check.enforced);
                 }
                 let status = LimitStatus {

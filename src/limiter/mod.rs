@@ -42,8 +42,8 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
-    /// Which refusals were logged lately (see `log_refusal`).
-    refusals: parking_lot::Mutex<observe::RefusalsLogged>,
+    /// Which refusals were logged lately, per thread (see `log_refusal`).
+    refusals: crate::shards::PerThread<observe::RefusalsLogged>,
     /// Shown every decided request (the candidate rules, the view of who
     /// is limited), whichever adapter asked (gRPC or `/json`).
     observers: std::sync::OnceLock<Box<[Arc<dyn Observer>]>>,
@@ -58,7 +58,8 @@ const RESTART_LOG_EVERY: Nanos = 60 * crate::clock::NANOS_PER_SEC;
 /// Rules whose last restart log is remembered (beyond, the memory is reset).
 const RESTART_LOG_RULES: usize = 10_000;
 
-/// Refusal-log entries kept before the oldest windows are forgotten.
+/// Refusal-log entries kept (all threads together) before the oldest
+/// windows are forgotten.
 const REFUSAL_LOG_KEYS: usize = 100_000;
 
 impl std::fmt::Debug for Limiter {
@@ -116,7 +117,7 @@ impl Limiter {
             clock,
             options,
             metrics,
-            refusals: parking_lot::Mutex::new(observe::RefusalsLogged::default()),
+            refusals: crate::shards::PerThread::new(),
             observers: std::sync::OnceLock::new(),
             restarts_logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }

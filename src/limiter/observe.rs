@@ -138,9 +138,13 @@ impl Limiter {
         }
         let second = self.clock.now() / NANOS_PER_SEC;
         let id = xxhash_rust::xxh3::xxh3_64(check.key.as_bytes());
+        // Each thread keeps its own share of the budget: a refusal takes
+        // only its own thread's lock, never one every worker shares.
+        let shards = self.refusals.len();
+        let rate = self.options.refusal_log_rate.div_ceil(shards as u32);
         let not_logged = {
-            let mut log = self.refusals.lock();
-            match log.admit(id, second, self.options.refusal_log_rate) {
+            let mut log = self.refusals.mine();
+            match log.admit(id, second, rate, (REFUSAL_LOG_KEYS / shards).max(1)) {
                 Some(not_logged) => not_logged,
                 None => return,
             }
@@ -219,7 +223,7 @@ pub(super) struct RefusalsLogged {
 impl RefusalsLogged {
     /// Whether a refusal of key `id` in `second` is logged (with the count
     /// of refusals not logged before it), at most `rate` lines a second.
-    fn admit(&mut self, id: u64, second: u64, rate: u32) -> Option<u64> {
+    fn admit(&mut self, id: u64, second: u64, rate: u32, keys: usize) -> Option<u64> {
         if self.second != second {
             self.second = second;
             self.lines = 0;
@@ -229,9 +233,9 @@ impl RefusalsLogged {
             return None;
         }
         self.lines += 1;
-        if self.seen.len() >= REFUSAL_LOG_KEYS {
+        if self.seen.len() >= keys {
             self.seen.retain(|_, s| *s >= second);
-            if self.seen.len() >= REFUSAL_LOG_KEYS {
+            if self.seen.len() >= keys {
                 self.seen.clear();
             }
         }
@@ -256,17 +260,25 @@ mod refusal_tests {
     #[test]
     fn a_key_is_logged_once_a_second_and_lines_are_bounded() {
         let mut log = RefusalsLogged::default();
-        assert_eq!(log.admit(1, 10, 2), Some(0));
-        assert_eq!(log.admit(1, 10, 2), None, "the same key, the same second");
-        assert_eq!(log.admit(2, 10, 2), Some(1));
-        assert_eq!(log.admit(3, 10, 2), None, "two lines this second");
+        assert_eq!(log.admit(1, 10, 2, REFUSAL_LOG_KEYS), Some(0));
         assert_eq!(
-            log.admit(1, 11, 2),
+            log.admit(1, 10, 2, REFUSAL_LOG_KEYS),
+            None,
+            "the same key, the same second"
+        );
+        assert_eq!(log.admit(2, 10, 2, REFUSAL_LOG_KEYS), Some(1));
+        assert_eq!(
+            log.admit(3, 10, 2, REFUSAL_LOG_KEYS),
+            None,
+            "two lines this second"
+        );
+        assert_eq!(
+            log.admit(1, 11, 2, REFUSAL_LOG_KEYS),
             Some(1),
             "a new second: one went unlogged since the last line"
         );
         for id in 0..1_000u64 {
-            log.admit(id, 12, 100);
+            log.admit(id, 12, 100, REFUSAL_LOG_KEYS);
         }
         assert_eq!(log.lines, 100);
     }

@@ -16,17 +16,26 @@ pub(crate) struct LimitedArgs {
     /// Who is being limited (/limited): clients held per rule (a client
     /// refused more than 1/N of the rule's refusals is always shown);
     /// 0 turns the view off (and its cost on every request).
+    /// At most 10,000.
     #[arg(
         long = "limited-clients",
         env = "TOLLGATE_LIMITED_CLIENTS",
-        default_value_t = 32
+        default_value_t = 32,
+        value_parser = limited_clients
     )]
     pub clients: usize,
 
     /// /limited: rules tracked per thread; refusals by more rules are only
-    /// counted (tollgate_limited_untracked_total).
-    #[arg(id = "limited_rules", value_name = "LIMITED_RULES", long = "limited-rules", env = "TOLLGATE_LIMITED_RULES", default_value_t = 200, value_parser = at_least_one)]
+    /// counted (tollgate_limited_untracked_total). At most 100,000.
+    #[arg(id = "limited_rules", value_name = "LIMITED_RULES", long = "limited-rules", env = "TOLLGATE_LIMITED_RULES", default_value_t = 200, value_parser = limited_rules)]
     pub rules: usize,
+
+    /// /limited: the most memory the whole view holds, whatever the cores,
+    /// the rules, the clients per rule or the requests' entries (each held
+    /// client is counted at its largest, about 1.3 KiB); clients beyond are
+    /// only counted (tollgate_limited_untracked_total).
+    #[arg(long = "limited-max-bytes", env = "TOLLGATE_LIMITED_MAX_BYTES", default_value = "64MiB", value_parser = super::values::parse_bytes)]
+    pub max_bytes: usize,
 
     /// /limited: how far back the view looks (it forgets a quarter of this
     /// at a time).
@@ -129,6 +138,28 @@ impl From<RefusalLogArg> for RefusalLog {
     }
 }
 
+/// `--limited-clients`: a bound, so a typo cannot grow the view (each
+/// client slot may hold about 1.3 KiB, per rule and thread).
+fn limited_clients(text: &str) -> Result<usize, String> {
+    bounded(text, 10_000)
+}
+
+/// `--limited-rules`.
+fn limited_rules(text: &str) -> Result<usize, String> {
+    match bounded(text, 100_000)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+fn bounded(text: &str, most: usize) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n <= most => Ok(n),
+        Ok(n) => Err(format!("{n} is above the bound of {most}")),
+        Err(_) => Err(format!("'{text}' is not a whole number")),
+    }
+}
+
 fn parse_window(text: &str) -> Result<Duration, String> {
     let window = parse_duration(text)?;
     if window < Duration::from_secs(4) {
@@ -156,6 +187,7 @@ impl LimitedArgs {
             rules: self.rules,
             window: self.window,
             metric_ranks: self.metric_ranks.min(self.clients),
+            max_bytes: self.max_bytes,
         })
     }
 }

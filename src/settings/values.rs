@@ -132,6 +132,35 @@ pub(super) fn parse_fraction(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
+/// A size in bytes: a whole number, or one with `KiB`, `MiB` or `GiB`; at
+/// least 1 MiB (a bound that small would hold nothing worth showing).
+pub(super) fn parse_bytes(text: &str) -> Result<usize, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale: usize = match unit.trim() {
+        "" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "'{other}' is not a unit of bytes (write a whole number, or one with KiB, MiB or GiB)"
+            ));
+        }
+    };
+    let bytes = number
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("'{text}' is not a size in bytes"))?;
+    if bytes < 1 << 20 {
+        return Err(format!("{text}: at least 1MiB"));
+    }
+    Ok(bytes)
+}
+
 pub(super) fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),

@@ -22,3 +22,4 @@ mod resets;
 mod scrapes;
 mod shared_views;
 mod simulate;
+mod view_flood;
