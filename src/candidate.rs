@@ -17,7 +17,7 @@ use crate::metrics::candidate::{CandidateMetrics, CandidateRule};
 use crate::report::{Bin, RuleResult, ScenarioResult};
 use crate::rules::RuleSet;
 use crate::shards::PerThread;
-use crate::store::{MemoryStore, MemoryStoreOptions, Store};
+use crate::store::{MemoryStoreOptions, Store};
 
 /// Width of the kept bins.
 const BIN: Nanos = 10 * NANOS_PER_SEC;
@@ -148,7 +148,7 @@ impl Candidate {
     ) -> Self {
         let limiter = Arc::new(Limiter::new(
             rules,
-            Store::Memory(MemoryStore::new(store)),
+            Store::memory(store),
             clock,
             LimiterOptions {
                 response_headers: false,
@@ -537,9 +537,7 @@ mod tests {
         for user in &users {
             c.compare(&request(user, "acme"), false);
         }
-        let Store::Memory(store) = c.limiter().store() else {
-            panic!("a memory store");
-        };
+        let store = c.limiter().store().as_memory().expect("a memory store");
         // The bound is per shard (max_keys / 256 shards, rounded up).
         assert!(store.len() <= 1_024, "{} keys of 5,001", store.len());
     }

@@ -6,7 +6,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::limiter::Limiter;
-use crate::store::Store;
 
 /// Whether this instance should receive traffic.
 #[derive(Debug, Default)]
@@ -66,19 +65,17 @@ impl Health {
         if limiter.rules().domain_count() == 0 && !self.empty_rules_ok.load(Ordering::SeqCst) {
             return Err("no rules loaded".into());
         }
-        let store = match limiter.store() {
-            Store::Memory(_) => Ok(()),
-            Store::Redis(redis) if redis.circuit_open() => {
+        let store = match limiter.store().check().await {
+            Ok(()) => Ok(()),
+            Err(crate::store::StoreError::CircuitOpen) => {
                 Err("store: Redis unavailable (circuit open)".to_owned())
             }
-            Store::Redis(redis) => match redis.ping().await {
-                // A wrong password or certificate will not pass by itself:
-                // fail readiness with it, whatever the failure modes.
-                Err(e @ crate::store::StoreError::Config(_)) => {
-                    return Err(format!("store misconfigured: {e}"));
-                }
-                other => other.map_err(|e| format!("store: {e}")),
-            },
+            // A wrong password or certificate will not pass by itself:
+            // fail readiness with it, whatever the failure modes.
+            Err(e @ crate::store::StoreError::Config(_)) => {
+                return Err(format!("store misconfigured: {e}"));
+            }
+            Err(e) => Err(format!("store: {e}")),
         };
         match store {
             Ok(()) => Ok(None),

@@ -58,13 +58,13 @@ pub(super) async fn limited(
         (Err(why), _) | (_, Err(why)) => return (StatusCode::BAD_REQUEST, why).into_response(),
     };
     let rules = s.limiter.rules();
-    let view = match (query.get("scope"), s.limiter.store()) {
+    let view = match (query.get("scope"), s.limiter.store().views()) {
         (None | Some("instance"), _) => {
             limited.view(query.get("domain"), query.get("search"), &rules)
         }
-        (Some("merged"), crate::store::Store::Redis(store)) => {
+        (Some("merged"), Some(share)) => {
             match limited
-                .merged(store, (query.get("domain"), query.get("search")), &rules)
+                .merged(&share, (query.get("domain"), query.get("search")), &rules)
                 .await
             {
                 Ok(view) => view,

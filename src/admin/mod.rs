@@ -49,7 +49,6 @@ use crate::limited::Limited;
 use crate::limiter::{LimitError, Limiter};
 use crate::metrics::Others;
 use crate::rlqs::Quotas;
-use crate::store::Store;
 
 #[derive(Clone)]
 struct AdminState {
@@ -149,7 +148,7 @@ async fn healthcheck(State(s): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    let open = matches!(s.limiter.store(), Store::Redis(r) if r.circuit_open());
+    let open = s.limiter.store().circuit_open();
     s.limiter
         .metrics()
         .circuit_open
@@ -164,10 +163,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         admin_refused: s.access.refused(),
         admin_auth_failures: s.access.failures.total(),
         admin_auth_throttled: s.access.failures.throttled_total(),
-        redis: match s.limiter.store() {
-            Store::Redis(r) => Some(r.events()),
-            Store::Memory(_) => None,
-        },
+        redis: s.limiter.store().events(),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

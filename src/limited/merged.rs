@@ -12,7 +12,7 @@ use super::{ClientView, Limited, RuleView, View, rfc3339};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::rules::RuleSet;
 use crate::store::StoreError;
-use crate::store::redis::RedisStore;
+use crate::store::ViewShare;
 
 /// How often each instance publishes its view.
 pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(5);
@@ -39,7 +39,7 @@ impl Limited {
     /// Publishes this instance's view to `store`, under its name.
     pub(crate) async fn publish(
         &self,
-        store: &RedisStore,
+        share: &ViewShare,
         rules: &RuleSet,
     ) -> Result<(), StoreError> {
         let instance = self.instance();
@@ -66,8 +66,8 @@ impl Limited {
                 break body;
             }
         };
-        store
-            .put_view(
+        share
+            .put(
                 instance,
                 &body,
                 (Duration::from_nanos(STALE_AFTER), PUBLISHED_BYTES),
@@ -79,7 +79,7 @@ impl Limited {
     /// merged: a client's counts summed over instances.
     pub(crate) async fn merged(
         &self,
-        store: &RedisStore,
+        share: &ViewShare,
         (domain, search): (Option<&str>, Option<&str>),
         rules: &RuleSet,
     ) -> Result<View, StoreError> {
@@ -89,7 +89,7 @@ impl Limited {
             PUBLISHED_BYTES,
             MAX_VIEWS,
         );
-        for (name, body) in store.views(recent).await? {
+        for (name, body) in share.get(recent).await? {
             if name == self.instance() {
                 continue;
             }

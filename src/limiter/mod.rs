@@ -128,7 +128,7 @@ impl Limiter {
     pub fn in_memory(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
         Self::new(
             rules,
-            Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+            Store::memory(MemoryStoreOptions::default()),
             clock,
             LimiterOptions::default(),
         )

@@ -56,17 +56,15 @@ impl Background {
     /// On a shared store, this instance's view of who is limited is
     /// published for the others' merged view.
     pub(super) fn publish_limited(&mut self, view: Arc<Limited>, limiter: Arc<Limiter>) {
-        if !matches!(limiter.store(), crate::store::Store::Redis(_)) {
+        let Some(share) = limiter.store().views() else {
             return;
-        }
+        };
         self.spawn(async move {
             let mut tick = tokio::time::interval(crate::limited::PUBLISH_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let crate::store::Store::Redis(store) = limiter.store()
-                    && let Err(error) = view.publish(store, &limiter.rules()).await
-                {
+                if let Err(error) = view.publish(&share, &limiter.rules()).await {
                     tracing::debug!(%error, "the view of who is limited was not published");
                 }
             }

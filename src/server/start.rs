@@ -13,7 +13,7 @@ use crate::rules::{load_paths, load_sources};
 use crate::server::{CandidateRules, HotReload};
 use crate::settings::{OnOff, ServeArgs, StoreOptions};
 use crate::store::redis::RedisStore;
-use crate::store::{MemoryStore, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Starts Tollgate as `args` say and serves until SIGINT or SIGTERM. The error
 /// says what stopped start-up (or the server).
@@ -289,7 +289,7 @@ fn reference_metrics(args: &ServeArgs) -> Result<Option<super::ReferenceMetrics>
 /// from the failure modes).
 fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
     let options = match args.store_options().map_err(StoreError::Config)? {
-        StoreOptions::Memory(options) => return Ok(Store::Memory(MemoryStore::new(options))),
+        StoreOptions::Memory(options) => return Ok(Store::memory(options)),
         StoreOptions::Redis(options) => *options,
     };
     // `rediss://` connections need a process-wide TLS crypto provider; the

@@ -13,7 +13,7 @@ use crate::clock::{ManualClock, NANOS_PER_SEC, Nanos};
 use crate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
 use crate::report::{Bin, RuleResult, ScenarioResult};
 use crate::rules::RuleSet;
-use crate::store::{MemoryStore, MemoryStoreOptions, Store};
+use crate::store::{MemoryStoreOptions, Store};
 
 /// The most distinct refused clients remembered per rule; past it refusals
 /// of new clients count under "(others)".
@@ -70,7 +70,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
     }
     let limiter = Limiter::new(
         rules,
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Store::memory(MemoryStoreOptions::default()),
         Arc::new(clock.clone()),
         LimiterOptions {
             response_headers: false,

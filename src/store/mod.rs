@@ -114,6 +114,31 @@ impl QuotaShare {
     }
 }
 
+/// A handle on the instances' shared views of who is limited (see
+/// [`Store::views`]).
+#[derive(Debug, Clone)]
+pub struct ViewShare(redis::RedisStore);
+
+impl ViewShare {
+    /// Stores `view` as `instance`'s (see [`redis::RedisStore::put_view`]).
+    pub async fn put(
+        &self,
+        instance: &str,
+        view: &str,
+        bounds: (std::time::Duration, usize),
+    ) -> Result<(), StoreError> {
+        self.0.put_view(instance, view, bounds).await
+    }
+
+    /// The instances' recent views (see [`redis::RedisStore::views`]).
+    pub async fn get(
+        &self,
+        bounds: (std::time::Duration, usize, usize),
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.0.views(bounds).await
+    }
+}
+
 /// A handle on a shared store's reset epoch, for an instance to learn of
 /// the resets other instances make (see [`Store::reset_watcher`]).
 #[derive(Debug, Clone)]
@@ -164,6 +189,54 @@ impl Store {
         match self {
             Store::Memory(_) => None,
             Store::Redis(store) => Some(QuotaShare(store.clone())),
+        }
+    }
+
+    /// The embedded store with `options`.
+    pub fn memory(options: MemoryStoreOptions) -> Self {
+        Store::Memory(MemoryStore::new(options))
+    }
+
+    /// Where the instances share their views of who is limited: `None` for
+    /// a store no other instance shares.
+    pub fn views(&self) -> Option<ViewShare> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(ViewShare(store.clone())),
+        }
+    }
+
+    /// Whether the store answers now: always for the memory store; for
+    /// Redis, its circuit closed and a PING answered (a wrong password or
+    /// certificate is a `Config` error, which no wait cures).
+    pub async fn check(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(redis) if redis.circuit_open() => Err(StoreError::CircuitOpen),
+            Store::Redis(redis) => redis.ping().await,
+        }
+    }
+
+    /// Whether calls to the store are stopped (a shared store's circuit
+    /// is open).
+    pub fn circuit_open(&self) -> bool {
+        matches!(self, Store::Redis(r) if r.circuit_open())
+    }
+
+    /// A shared store's events (confirming PINGs, cancellations), for
+    /// `/metrics`.
+    pub fn events(&self) -> Option<redis::RedisEvents> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(r) => Some(r.events()),
+        }
+    }
+
+    /// The embedded store, for tests that look inside it.
+    pub fn as_memory(&self) -> Option<&MemoryStore> {
+        match self {
+            Store::Memory(store) => Some(store),
+            Store::Redis(_) => None,
         }
     }
 
