@@ -12,10 +12,7 @@ macro_rules! domain_request {
         };
         let $request = match crate::rls::to_domain(&$proto) {
             Ok(r) => r,
-            Err(status) => {
-                return (StatusCode::BAD_REQUEST, format!("{}\n", status.message()))
-                    .into_response();
-            }
+            Err(e) => return crate::admin::limit_error(e),
         };
     };
 }
@@ -344,7 +341,7 @@ fn no_limit(s: &AdminState, request: &crate::limiter::Request<'_>) -> Response {
 }
 
 /// A request the limiter could not decide, as HTTP.
-fn limit_error(e: LimitError) -> Response {
+pub(super) fn limit_error(e: LimitError) -> Response {
     match e {
         LimitError::InvalidArgument(reason) => {
             (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response()

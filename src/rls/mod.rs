@@ -67,7 +67,7 @@ impl RlsService {
     async fn decision(&self, request: &RateLimitRequest) -> Result<Decision, Status> {
         let domain_request = match to_domain(request) {
             Ok(r) => r,
-            Err(status) => return self.undecided(Some(&request.domain), status),
+            Err(e) => return self.failed(&request.domain, e),
         };
         let decided = match self.limiter.decide_now(&domain_request) {
             Some(decided) => decided,
@@ -124,7 +124,7 @@ impl RlsService {
     ) -> Result<Decision, Status> {
         let span = otel.request_span(headers, &request.domain, request.descriptors.len());
         let result = match to_domain(request) {
-            Err(status) => self.undecided(Some(&request.domain), status),
+            Err(e) => self.failed(&request.domain, e),
             Ok(domain_request) => {
                 let (decided, store) = self.limiter.should_rate_limit_timed(&domain_request).await;
                 if let Some(call) = &store {
@@ -178,15 +178,17 @@ fn unit_to_proto(unit: Unit) -> PbUnit {
     }
 }
 
-/// Borrows the wire request as a domain request.
-pub fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, Status> {
+/// Borrows the wire request as a domain request; a malformed one is the
+/// domain's own error (`InvalidArgument`), which each edge maps (gRPC
+/// here, HTTP in `admin`).
+pub fn to_domain(request: &RateLimitRequest) -> Result<limiter::Request<'_>, LimitError> {
     let mut descriptors = smallvec::SmallVec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         let limit_override = match &d.limit {
             None => None,
             Some(o) => {
                 let unit = unit_from_proto(o.unit).ok_or_else(|| {
-                    Status::invalid_argument(format!(
+                    LimitError::InvalidArgument(format!(
                         "descriptor {i} limit override has no valid unit ({})",
                         o.unit
                     ))
