@@ -82,13 +82,20 @@ pub(super) async fn reset(
     if let Some(answer) = super::not_json(&s, &headers, "/counters/reset") {
         return answer;
     }
-    // No descriptors: a whole rule's or domain's counters.
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&body)
+    // The body, read once: without descriptors, a whole rule's or
+    // domain's counters.
+    let body: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")).into_response();
+        }
+    };
+    if let serde_json::Value::Object(fields) = &body
         && !fields.contains_key("descriptors")
     {
-        return reset_all(&s, (&who, &from), &fields).await;
+        return reset_all(&s, (&who, &from), fields).await;
     }
-    domain_request!(&body, proto, request);
+    domain_request!(value: &body, proto, request);
     match s.limiter.reset(&request).await {
         Ok(done) if done.limits == 0 => super::no_limit(&s, &request),
         Ok(done) => {

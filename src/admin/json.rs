@@ -88,7 +88,13 @@ fn unit(v: Option<&Value>, at: &str) -> Result<i32, String> {
 /// Parses a RateLimitRequest from JSON.
 pub fn request_from_json(body: &[u8]) -> Result<RateLimitRequest, String> {
     let value: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
-    let obj = object(&value, "request")?;
+    request_from_value(&value)
+}
+
+/// A RateLimitRequest from JSON already parsed (a body read once for
+/// several purposes).
+pub(super) fn request_from_value(value: &Value) -> Result<RateLimitRequest, String> {
+    let obj = object(value, "request")?;
     let f = fields(
         obj,
         &[

@@ -5,11 +5,21 @@
 /// Parses the `/json` body `$body` into the proto `$proto` and the domain
 /// request `$request`, or returns 400 with the reason.
 macro_rules! domain_request {
+    (value: $value:expr, $proto:ident, $request:ident) => {
+        let $proto = match json::request_from_value($value) {
+            Ok(r) => r,
+            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
+        };
+        domain_request!(@domain $proto, $request);
+    };
     ($body:expr, $proto:ident, $request:ident) => {
         let $proto = match json::request_from_json($body) {
             Ok(r) => r,
             Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
         };
+        domain_request!(@domain $proto, $request);
+    };
+    (@domain $proto:ident, $request:ident) => {
         let $request = match crate::rls::to_domain(&$proto) {
             Ok(r) => r,
             Err(e) => return crate::admin::limit_error(e),
