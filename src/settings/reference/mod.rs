@@ -23,7 +23,7 @@ mod table;
 mod xds;
 
 pub(crate) use defaults::REFERENCE_PROGRAM;
-use table::{Handling, REFERENCE_VARS, refused_vars};
+use table::{Handling, REFERENCE_VARS};
 
 /// Applies one variable (and those read with it) to the settings.
 type Apply = fn(&mut ServeArgs, &Vars<'_>) -> Result<(), String>;
@@ -139,6 +139,33 @@ fn flag_name(id: &str) -> String {
 /// `on` as a switch.
 fn on_off(on: bool) -> OnOff {
     if on { OnOff::On } else { OnOff::Off }
+}
+
+/// Every set reference variable Tollgate refuses, each with its reason, or
+/// `Ok` when there is none.
+fn refused_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let mut refusals = Vec::new();
+    for var in REFERENCE_VARS {
+        let Handling::Refused { harmless, why } = var.handling else {
+            continue;
+        };
+        let Some(value) = env(var.name) else {
+            continue;
+        };
+        let value = value.trim();
+        if value.is_empty() || harmless.iter().any(|h| h.eq_ignore_ascii_case(value)) {
+            continue;
+        }
+        refusals.push(format!("{}={value}: {why}", var.name));
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "envoyproxy/ratelimit setting(s) Tollgate cannot honour: {}",
+            refusals.join("; ")
+        ))
+    }
 }
 
 #[cfg(test)]

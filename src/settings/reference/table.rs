@@ -495,30 +495,3 @@ pub(crate) const GATEWAY_ONLY_VARS: &[ReferenceVar] = &[no_effect(
     "GRPC_SERVER_TLS_CA_CERT",
     "Envoy Gateway sets it but the reference does not read it (it serves TLS without client certificates unless GRPC_CLIENT_TLS_CACERT is set); Tollgate does the same",
 )];
-
-/// Every set reference variable Tollgate refuses, each with its reason, or
-/// `Ok` when there is none.
-pub(super) fn refused_vars(env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
-    let mut refusals = Vec::new();
-    for var in REFERENCE_VARS {
-        let Handling::Refused { harmless, why } = var.handling else {
-            continue;
-        };
-        let Some(value) = env(var.name) else {
-            continue;
-        };
-        let value = value.trim();
-        if value.is_empty() || harmless.iter().any(|h| h.eq_ignore_ascii_case(value)) {
-            continue;
-        }
-        refusals.push(format!("{}={value}: {why}", var.name));
-    }
-    if refusals.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "envoyproxy/ratelimit setting(s) Tollgate cannot honour: {}",
-            refusals.join("; ")
-        ))
-    }
-}

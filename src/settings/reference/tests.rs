@@ -1,3 +1,4 @@
+use super::refused_vars;
 use super::table::*;
 use crate::settings::ServeArgs;
 
