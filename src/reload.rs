@@ -101,20 +101,29 @@ impl Reloader {
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn poll(&self) -> bool {
         let now = self.fingerprint();
-        let mut settling = self.settling.lock();
-        if now == *self.seen.lock() {
-            *settling = None;
+        if !settled(&self.settling, *self.seen.lock(), now) {
             return false;
         }
-        if *settling != Some(now) {
-            *settling = Some(now);
-            return false;
-        }
-        *settling = None;
-        drop(settling);
         let _ = self.reload("rule files changed");
         true
     }
+}
+
+/// Whether a watched file whose contents hash to `now` (`seen` when last
+/// loaded) changed and read the same at the previous look (kept in
+/// `settling`), so a file being rewritten is not loaded half-written.
+pub(crate) fn settled(settling: &Mutex<Option<u64>>, seen: u64, now: u64) -> bool {
+    let mut settling = settling.lock();
+    if now == seen {
+        *settling = None;
+        return false;
+    }
+    if *settling != Some(now) {
+        *settling = Some(now);
+        return false;
+    }
+    *settling = None;
+    true
 }
 
 /// Counts a rule load (`ok`: it succeeded and is in force now) in the

@@ -17,6 +17,17 @@
 //! the admin view: `x-user: mallory\xff` is counted and shown as
 //! `\u{FFFD}mallory\xff`.
 
+/// A key and a value as protobuf carries them in a descriptor's entry or a
+/// map's pair (`key = 1`, `value = 2`), read as bytes: the same wire form
+/// as two `string` fields, whatever the bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct BytesPair {
+    #[prost(bytes = "vec", tag = "1")]
+    pub(crate) key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub(crate) value: Vec<u8>,
+}
+
 /// Begins every value that was not plain UTF-8 on the wire (U+FFFD, the
 /// replacement character, which is what a reader would show there anyway).
 pub(crate) const MARKER: char = '\u{FFFD}';

@@ -133,17 +133,9 @@ impl TokenFile {
     /// rewritten is not loaded half-written. Returns whether it reloaded.
     pub(crate) fn poll(&self) -> bool {
         let now = fingerprint(&self.path);
-        let mut settling = self.settling.lock();
-        if now == *self.seen.lock() {
-            *settling = None;
+        if !crate::reload::settled(&self.settling, *self.seen.lock(), now) {
             return false;
         }
-        if *settling != Some(now) {
-            *settling = Some(now);
-            return false;
-        }
-        *settling = None;
-        drop(settling);
         self.reload("--admin-token-file changed");
         true
     }

@@ -41,11 +41,16 @@ fn ask(limiter: &Limiter, user: &str) -> bool {
         ],
         hits_addend: 0,
     };
-    let decided = limiter
-        .decide_now(&request)
+    over_limit(limiter, &request)
+}
+
+/// Whether `limiter` refuses `request` (on the memory store, at once).
+fn over_limit(limiter: &Limiter, request: &Request<'_>) -> bool {
+    limiter
+        .decide_now(request)
         .expect("memory")
-        .expect("decided");
-    decided.over_limit
+        .expect("decided")
+        .over_limit
 }
 
 #[test]
@@ -201,11 +206,7 @@ fn rules_past_the_bound_are_counted_not_tracked() {
         }],
         hits_addend: 0,
     };
-    let decided = limiter
-        .decide_now(&request)
-        .expect("memory")
-        .expect("decided");
-    assert!(decided.over_limit);
+    assert!(over_limit(&limiter, &request));
     let metrics = limited.metrics_snapshot(&limiter.rules());
     assert_eq!(metrics.rules.len(), 1);
     assert_eq!(metrics.untracked, 1);
@@ -250,10 +251,7 @@ fn the_view_holds_no_more_than_its_bytes_whatever_the_clients_and_entries() {
             descriptors,
             hits_addend: 0,
         };
-        limiter
-            .decide_now(&request)
-            .expect("memory")
-            .expect("decided");
+        over_limit(&limiter, &request);
     }
     let view = limited.view(None, None, &limiter.rules());
     let held = view.rules[0].clients.len();

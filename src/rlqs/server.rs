@@ -27,7 +27,7 @@ use tonic::{Status, Streaming};
 
 use super::RlqsService;
 use super::outbox::Outbound;
-use crate::wire_text::{from_wire, to_wire};
+use crate::wire_text::{BytesPair as Pair, from_wire, to_wire};
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -215,14 +215,6 @@ struct Usage {
 struct Bucket {
     #[prost(message, repeated, tag = "1")]
     bucket: Vec<Pair>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct Pair {
-    #[prost(bytes = "vec", tag = "1")]
-    key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
 }
 
 impl From<Reports> for RateLimitQuotaUsageReports {

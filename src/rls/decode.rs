@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
 
-use crate::wire_text::from_wire;
+use crate::wire_text::{BytesPair as Pair, from_wire};
 
 /// `envoy.service.ratelimit.v3.RateLimitRequest`, its text as bytes.
 #[derive(Clone, PartialEq, Message)]
@@ -39,15 +39,6 @@ struct Descriptor {
     hits_addend: Option<UInt64Value>,
     #[prost(bool, tag = "4")]
     is_negative_hits: bool,
-}
-
-/// A descriptor's entry (key = 1, value = 2).
-#[derive(Clone, PartialEq, Message)]
-struct Pair {
-    #[prost(bytes = "vec", tag = "1")]
-    key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
 }
 
 /// The request in `message`, its text made lossless; an error only for a
