@@ -13,7 +13,9 @@ use super::{AdminState, json};
 use crate::limiter::{BulkResetError, Decision};
 use crate::rules::RuleSet;
 
-/// One limit of `/counters`.
+/// One limit of `/counters`, in its algorithm's own terms: a window's
+/// limit, used, remaining and reset; a token bucket's capacity (its
+/// burst), tokens left, refill rate and time to the next token.
 #[derive(Debug, Serialize)]
 struct LimitView {
     /// The rule's name, else its path.
@@ -24,13 +26,27 @@ struct LimitView {
     /// The descriptor that meets it.
     descriptor: Vec<crate::limited::Entry>,
     algorithm: &'static str,
+    /// Requests per unit (a bucket's refill rate).
     limit: u32,
     unit: &'static str,
-    /// Hits counted in the current window (tokens taken, for a bucket).
-    used: u32,
+    /// A window's hits counted in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    used: Option<u32>,
+    /// What the next requests may take: a window's hits, a bucket's tokens.
     remaining: u32,
-    /// When the count resets (over the limit: when a request is admitted).
-    resets_in_ms: u64,
+    /// When a window's count resets (over the limit: when a request is
+    /// admitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resets_in_ms: Option<u64>,
+    /// A bucket's capacity: the most tokens it holds (its burst).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<u32>,
+    /// When a bucket gains its next token (0 when full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_token_in_ms: Option<u64>,
+    /// When a bucket is full again (0 when full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    full_in_ms: Option<u64>,
     /// Nothing is left: the next request this limit counts is refused.
     exhausted: bool,
     shadow: bool,
@@ -229,23 +245,82 @@ fn views(
             .unwrap_or_default();
         for (applied, _, remaining, reset) in status.limits() {
             let rule = applied.rule.and_then(|i| rules.rules().get(i));
-            let algorithm = rule
-                .and_then(|r| r.limit)
-                .map_or("(the default algorithm)", |l| l.algorithm.name());
-            out.push(LimitView {
+            let limit = rule.and_then(|r| r.limit);
+            let algorithm = limit.map_or("(the default algorithm)", |l| l.algorithm.name());
+            let mut view = LimitView {
                 rule: applied.policy.to_string(),
                 source: rule.map(|r| format!("{}:{}", r.source.file.display(), r.source.line)),
                 descriptor: descriptor.clone(),
                 algorithm,
                 limit: applied.requests_per_unit,
                 unit: applied.unit.name(),
-                used: applied.requests_per_unit.saturating_sub(remaining),
+                used: Some(applied.requests_per_unit.saturating_sub(remaining)),
                 remaining,
-                resets_in_ms: reset / 1_000_000,
+                resets_in_ms: Some(reset / 1_000_000),
+                capacity: None,
+                next_token_in_ms: None,
+                full_in_ms: None,
                 exhausted: remaining == 0,
                 shadow: applied.shadow,
-            });
+            };
+            if let Some(l) =
+                limit.filter(|l| l.algorithm == crate::algorithm::Algorithm::TokenBucket)
+            {
+                let bucket = bucket(
+                    (
+                        l.burst.max(1),
+                        applied.requests_per_unit,
+                        applied.window_seconds,
+                    ),
+                    remaining,
+                    reset,
+                );
+                view.used = None;
+                view.resets_in_ms = None;
+                view.capacity = Some(l.burst.max(1));
+                view.next_token_in_ms = Some(bucket.0);
+                view.full_in_ms = Some(bucket.1);
+            }
+            out.push(view);
         }
     }
     out
+}
+
+/// A token bucket's next token and its being full again, in ms, from its
+/// `(capacity, refill per period, period in seconds)`, the tokens left and
+/// the decision's wait (the time until full when a request is admitted,
+/// until one is when it is refused).
+fn bucket((capacity, rate, period): (u32, u32, u64), tokens: u32, wait: u64) -> (u64, u64) {
+    const MS: u64 = 1_000_000;
+    if tokens >= capacity {
+        return (0, 0);
+    }
+    // Nanoseconds between two tokens.
+    let interval = (u128::from(period) * 1_000_000_000 / u128::from(rate.max(1))) as u64;
+    let missing = u64::from(capacity - tokens);
+    if tokens == 0 {
+        // Refused: the wait is until the next token.
+        return (wait / MS, (wait + (missing - 1) * interval) / MS);
+    }
+    let next = wait.saturating_sub((missing - 1).saturating_mul(interval));
+    (next / MS, wait / MS)
+}
+
+#[cfg(test)]
+mod bucket_tests {
+    #[test]
+    fn a_buckets_next_token_and_full_come_from_its_wait() {
+        // 60 a minute (a token a second), capacity 20.
+        let rate = (20, 60, 60);
+        assert_eq!(
+            super::bucket(rate, 20, 0),
+            (0, 0),
+            "full: nothing to wait for"
+        );
+        // 18 left: full in 1.5 s, so the next token in 0.5 s.
+        assert_eq!(super::bucket(rate, 18, 1_500_000_000), (500, 1_500));
+        // Empty and refused: the wait is the next token; full 19 s after.
+        assert_eq!(super::bucket(rate, 0, 300_000_000), (300, 19_300));
+    }
 }

@@ -193,6 +193,10 @@ impl Limiter {
                     descriptors = %descriptors,
                     limit = plan.limit.requests_per_unit,
                     unit = plan.limit.unit.name(),
+                    algorithm = plan.limit.algorithm.name(),
+                    // A bucket's capacity: its limit is a refill rate.
+                    burst = (plan.limit.algorithm == crate::algorithm::Algorithm::TokenBucket)
+                        .then_some(plan.limit.burst),
                     shadow = !enforced,
                     request_id = request_id.map(crate::rules::printable).as_deref(),
                     trace_id = ids.trace_id.as_deref(),

@@ -203,7 +203,7 @@ async fn the_admin_page_shows_who_is_limited() {
         4_000,
     );
     assert!(
-        dom.contains("<th>resets in</th>"),
+        dom.contains("<th>when</th>"),
         "the counters table: {dom}"
     );
     assert!(
@@ -211,8 +211,8 @@ async fn the_admin_page_shows_who_is_limited() {
         "ann's limit: {dom}"
     );
     assert!(
-        dom.contains(r#"<td class="n">1</td><td class="n">0</td>"#),
-        "used 1, remaining 0: {dom}"
+        dom.contains(r#"<td class="n">0 of 1 (1 used)</td><td class="n">resets in "#),
+        "a window in its terms: used 1, remaining 0: {dom}"
     );
     // A browser asking /limited for HTML is sent to the page.
     let limited =

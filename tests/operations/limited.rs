@@ -547,3 +547,37 @@ async fn reads_can_be_closed_to_token_bearers() {
         run.stderr
     );
 }
+
+#[tokio::test]
+async fn a_token_bucket_reads_in_its_own_terms() {
+    let rules = "domain: api\ndescriptors:\n  - key: key\n    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: token_bucket, burst: 20}\n";
+    let server = Tollgate::start(rules, &[]);
+    let body =
+        json!({"domain": "api", "descriptors": [{"entries": [{"key": "key", "value": "k1"}]}]});
+    // Untouched: full, nothing used (it used to say "used 40, remaining
+    // 20": the refill rate taken for the capacity).
+    let untouched = json_of(&post(server.admin, "/counters", &[], &body));
+    let limit = &untouched["limits"][0];
+    assert_eq!(limit["algorithm"], "token_bucket");
+    assert_eq!(limit["capacity"], 20, "{limit}");
+    assert_eq!(limit["remaining"], 20);
+    assert_eq!(limit["limit"], 60, "the refill rate");
+    assert_eq!(limit["next_token_in_ms"], 0);
+    assert_eq!(limit["full_in_ms"], 0);
+    assert!(limit.get("used").is_none(), "{limit}");
+    assert!(limit.get("resets_in_ms").is_none(), "{limit}");
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        ask(&mut client, request("api", &[&[("key", "k1")]])).await;
+    }
+    let taken = json_of(&post(server.admin, "/counters", &[], &body));
+    let limit = &taken["limits"][0];
+    assert_eq!(limit["remaining"], 17, "{limit}");
+    let next = limit["next_token_in_ms"].as_u64().expect("ms");
+    let full = limit["full_in_ms"].as_u64().expect("ms");
+    assert!(next <= 1_000, "a token a second: {limit}");
+    assert!(
+        (2_000..=3_000).contains(&full),
+        "three tokens to refill: {limit}"
+    );
+}

@@ -128,17 +128,25 @@ async function inspect(domain, entriesText) {
     }
     const table = el("table");
     const head = el("tr");
-    for (const h of ["rule", "where", "algorithm", "limit", "used", "remaining", "resets in"]) head.append(el("th", h));
+    for (const h of ["rule", "where", "algorithm", "limit", "left", "when"]) head.append(el("th", h));
     table.append(head);
+    const seconds = (ms) => (ms / 1000).toFixed(1) + " s";
     for (const l of limits) {
       const row = el("tr");
       row.append(el("td", l.rule));
       row.append(el("td", l.source || ""));
       row.append(el("td", l.algorithm));
-      row.append(el("td", l.limit + " per " + l.unit, "n"));
-      row.append(el("td", l.used, "n"));
-      row.append(el("td", l.remaining, "n"));
-      row.append(el("td", (l.resets_in_ms / 1000).toFixed(1) + " s", "n"));
+      // Each algorithm in its own terms: a bucket's capacity and tokens,
+      // a window's count and reset.
+      if (l.capacity !== undefined) {
+        row.append(el("td", l.limit + " per " + l.unit + ", burst " + l.capacity, "n"));
+        row.append(el("td", l.remaining + " of " + l.capacity + " tokens", "n"));
+        row.append(el("td", l.remaining >= l.capacity ? "full" : "next token in " + seconds(l.next_token_in_ms), "n"));
+      } else {
+        row.append(el("td", l.limit + " per " + l.unit, "n"));
+        row.append(el("td", l.remaining + " of " + l.limit + " (" + l.used + " used)", "n"));
+        row.append(el("td", "resets in " + seconds(l.resets_in_ms), "n"));
+      }
       table.append(row);
     }
     box.replaceChildren(table);
