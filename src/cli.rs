@@ -88,6 +88,9 @@ fn check(args: &CheckArgs) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    for warning in rules.warnings() {
+        eprintln!("warning: {warning}");
+    }
     // Envoy's RateLimitResponse has a unit and no multiplier: for a window
     // of several units, Envoy's x-ratelimit headers state the base unit's
     // window (Tollgate's own RateLimit-Policy is exact).

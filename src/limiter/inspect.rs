@@ -49,9 +49,12 @@ impl Limiter {
     /// Every limit `request`'s descriptors meet and what is left of each,
     /// spending nothing (every check asks for 0 hits, and no lease).
     pub async fn peek(&self, request: &Request<'_>) -> Result<Decision, LimitError> {
-        let mut plan = Plan::default();
+        // An operator's look: nothing counted or logged.
+        let mut plan = Plan {
+            quiet: true,
+            ..Plan::default()
+        };
         self.plan(request, &mut plan)?;
-        plan.quiet = true;
         for check in &mut plan.checks {
             check.hits = 0;
             check.lease = 0;
@@ -69,7 +72,10 @@ impl Limiter {
     /// and in the `local` failure mode's fallback): the next request starts
     /// each afresh.
     pub async fn reset(&self, request: &Request<'_>) -> Result<Reset, LimitError> {
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            quiet: true,
+            ..Plan::default()
+        };
         self.plan(request, &mut plan)?;
         let limits = plan.checks.len();
         if limits == 0 {

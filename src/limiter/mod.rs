@@ -53,6 +53,21 @@ pub struct Limiter {
     restarts_logged: parking_lot::Mutex<std::collections::HashMap<String, Nanos>>,
 }
 
+/// Logs what loaded but probably is not what was meant (at most 20 lines,
+/// then a count), as `tollgate check` prints it.
+fn log_rule_warnings(rules: &RuleSet) {
+    let warnings = rules.warnings();
+    for warning in warnings.iter().take(20) {
+        tracing::warn!(warning = %crate::rules::printable(warning), "rules loaded with a warning");
+    }
+    if warnings.len() > 20 {
+        tracing::warn!(
+            more = warnings.len() - 20,
+            "more rule warnings (tollgate check lists them all)"
+        );
+    }
+}
+
 /// A rule's counter restarts are logged at most this often.
 const RESTART_LOG_EVERY: Nanos = 60 * crate::clock::NANOS_PER_SEC;
 /// Rules whose last restart log is remembered (beyond, the memory is reset).
@@ -110,6 +125,7 @@ impl Limiter {
         options: LimiterOptions,
         metrics: Arc<Metrics>,
     ) -> Self {
+        log_rule_warnings(&rules);
         Self {
             rules: ArcSwap::from_pointee(compiled::Compiled::new(rules)),
             store,
@@ -192,6 +208,7 @@ impl Limiter {
                 "more rules changed algorithm, period or zone: their counters restart"
             );
         }
+        log_rule_warnings(&rules);
         self.rules.store(Arc::new(compiled::Compiled::new(rules)));
     }
 

@@ -26,9 +26,13 @@ impl Limiter {
             ..
         } = plan;
         let known_domain = rules.rules().has_domain(request.domain);
+        let quiet = plan.quiet;
         for (d, descriptor) in request.descriptors.iter().enumerate() {
             // As the reference: an unknown domain has no limits, even for overrides.
             if !known_domain {
+                if !quiet {
+                    self.count_unmatched(None, descriptor);
+                }
                 continue;
             }
             if let Some(o) = descriptor.limit_override {
@@ -46,6 +50,9 @@ impl Limiter {
                 continue;
             }
             let Some(matched) = rules.rules().lookup(request.domain, &descriptor.entries) else {
+                if !quiet {
+                    self.count_unmatched(Some(request.domain), descriptor);
+                }
                 continue;
             };
             for rule in matched.rules {
@@ -76,6 +83,13 @@ impl Limiter {
         }
         drop_replaced(planned, checks);
         Ok(())
+    }
+
+    /// Counts a descriptor no rule matched.
+    fn count_unmatched(&self, domain: Option<&str>, descriptor: &super::Descriptor<'_>) {
+        if let Some((key, _)) = descriptor.entries.first() {
+            self.metrics.unmatched.count(domain, key);
+        }
     }
 
     /// Adds one limit of descriptor `d` to the plan, with its store check.

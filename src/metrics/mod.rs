@@ -36,6 +36,7 @@ mod histogram;
 mod labels;
 pub(crate) mod limited;
 pub(crate) mod rlqs;
+mod unmatched;
 
 pub(crate) use histogram::{Histogram, Samples};
 pub(crate) use labels::{label_value, labels, metric_labels, push_label, rule_labels, truncated};
@@ -129,6 +130,8 @@ pub struct Metrics {
     /// Requests that could not be decided (malformed, or above a bound)
     /// answered OVER_LIMIT, their domain failing closed.
     pub undecided_refused: AtomicU64,
+    /// Descriptors no rule matched, by domain and first key.
+    pub(crate) unmatched: unmatched::Unmatched,
     /// Store call latency.
     pub store_call: Histogram,
     /// Store errors: timeouts.
@@ -166,6 +169,7 @@ impl Metrics {
             response_samples: Samples::default(),
             invalid_argument: AtomicU64::new(0),
             undecided_refused: AtomicU64::new(0),
+            unmatched: unmatched::Unmatched::default(),
             unavailable: AtomicU64::new(0),
             store_call: Histogram::default(),
             store_timeout: AtomicU64::new(0),
@@ -240,6 +244,7 @@ impl Metrics {
         let mut out = String::with_capacity(8192);
         self.write_own(&mut out);
         let mut e = Exposition::new(&mut out);
+        self.unmatched.render(&mut e);
         rlqs::render(&mut e, &others.rlqs);
         if let Some(c) = &others.candidate {
             candidate::render(&mut e, c);

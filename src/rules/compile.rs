@@ -37,6 +37,9 @@ pub(super) struct Compiler {
     domains: hashbrown::HashMap<Box<str>, (Arc<PathBuf>, Level)>,
     rules: Vec<Arc<Rule>>,
     errors: Vec<RuleError>,
+    /// What loads but probably is not what was meant (`tollgate check`
+    /// prints them; a reload logs them).
+    warnings: Vec<RuleError>,
     /// Descriptor path (`domain.key_value...`) -> where it was first declared,
     /// so that a duplicate can name it.
     declared: hashbrown::HashMap<String, Declared>,
@@ -52,6 +55,7 @@ impl Compiler {
             domains: hashbrown::HashMap::new(),
             rules: Vec::new(),
             errors: Vec::new(),
+            warnings: Vec::new(),
             declared: hashbrown::HashMap::new(),
         }
     }
@@ -163,7 +167,17 @@ impl Compiler {
             let mut raw = raw;
             let rate_limit = raw.rate_limit.take();
             let rate_limits = raw.rate_limits.take();
-            let children = raw.descriptors.take().unwrap_or_default();
+            let children = match raw.descriptors.take() {
+                Some(Some(children)) => children,
+                Some(None) => {
+                    self.warnings.push(err(format!(
+                        "'{path}' has an empty descriptors: (nothing under it is its child: \
+                         an entry meant as its child is indented as its sibling?)"
+                    )));
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
             let limits: Vec<Spanned<RawRateLimit>> = match (rate_limit, rate_limits) {
                 (Some(_), Some(list)) => {
                     self.errors.push(RuleError::new(
@@ -187,6 +201,13 @@ impl Compiler {
                 (None, Some(list)) => list.value,
                 (None, None) => Vec::new(),
             };
+            if limits.is_empty() && children.is_empty() {
+                self.warnings.push(err(format!(
+                    "'{path}' has neither a limit nor children: a request it matches is \
+                     answered OK, unlimited (say so with rate_limit: {{unlimited: true}}, \
+                     or give it rate_limit or descriptors)"
+                )));
+            }
             let several = limits.len() > 1;
             let mut rules: smallvec::SmallVec<[Arc<Rule>; 1]> = smallvec::SmallVec::new();
             for rl in limits {
@@ -351,6 +372,7 @@ impl Compiler {
                 .map(|(domain, (_, level))| (domain, level))
                 .collect(),
             rules: self.rules,
+            warnings: self.warnings.iter().map(ToString::to_string).collect(),
         })
     }
 }

@@ -25,7 +25,10 @@ pub(crate) struct RawDescriptor {
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
     // Tollgate's: several limits on one descriptor, all enforced together.
     pub(crate) rate_limits: Option<Spanned<Vec<Spanned<RawRateLimit>>>>,
-    pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+    /// Absent (`None`), or written: `Some(None)` for a `descriptors:` with
+    /// nothing under it (an indentation slip, usually).
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) descriptors: Option<Option<Vec<Spanned<RawDescriptor>>>>,
     pub(crate) shadow_mode: Option<bool>,
     pub(crate) detailed_metric: Option<bool>,
     pub(crate) value_to_metric: Option<bool>,
@@ -34,6 +37,16 @@ pub(crate) struct RawDescriptor {
     // Free-form in the reference; accepted and not interpreted.
     #[allow(dead_code)]
     pub(crate) metadata: Option<IgnoredAny>,
+}
+
+/// A field that is written, even as nothing (`key:`), as `Some`; an absent
+/// one is `None` (by `#[serde(default)]`).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 /// A `rate_limit` block.

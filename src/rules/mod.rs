@@ -188,9 +188,18 @@ pub struct Source {
 pub struct RuleSet {
     domains: hashbrown::HashMap<Box<str>, matcher::Level>,
     rules: Vec<Arc<Rule>>,
+    /// What loaded but probably is not what was meant, `file:line: why`.
+    warnings: Vec<String>,
 }
 
 impl RuleSet {
+    /// What loaded but probably is not what was meant (an empty
+    /// `descriptors:`, a descriptor with neither a limit nor children),
+    /// each `file:line:col: why`.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// Whether `domain` has rules.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)

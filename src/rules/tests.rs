@@ -601,3 +601,44 @@ fn deep_nesting_loads_up_to_its_named_bound() {
     let refused = load(&hostile).expect_err("refused").to_string();
     assert!(refused.contains("--max-rule-depth"), "{refused}");
 }
+
+#[test]
+fn an_empty_descriptors_list_and_a_bare_descriptor_load_with_warnings() {
+    // The indentation slip: api_key was meant under plan=free.
+    let rules = RuleSet::from_yaml(
+        "domain: gateway
+descriptors:
+  - key: plan
+    value: free
+    descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 10}
+",
+    )
+    .expect("valid YAML loads");
+    let warnings = rules.warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].contains(":3:") && warnings[0].contains("empty descriptors:"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].contains("neither a limit nor children"),
+        "{warnings:?}"
+    );
+    // Written as meant: none.
+    let meant = RuleSet::from_yaml(
+        "domain: gateway
+descriptors:
+  - key: plan
+    value: free
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: vip
+    rate_limit: {unlimited: true}
+",
+    )
+    .expect("loads");
+    assert!(meant.warnings().is_empty(), "{:?}", meant.warnings());
+}

@@ -202,10 +202,7 @@ async fn the_admin_page_shows_who_is_limited() {
         &format!("http://{}/ui#inspect=d:user=ann", server.admin),
         4_000,
     );
-    assert!(
-        dom.contains("<th>when</th>"),
-        "the counters table: {dom}"
-    );
+    assert!(dom.contains("<th>when</th>"), "the counters table: {dom}");
     assert!(
         dom.contains(r#"<td class="n">1 per day</td>"#),
         "ann's limit: {dom}"

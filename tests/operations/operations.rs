@@ -422,6 +422,10 @@ async fn every_metric_in_the_readme_and_the_dashboard_appears_after_traffic() {
         .into_inner();
     let answer = answers.message().await.expect("answer").expect("one");
     assert_eq!(answer.bucket_action.len(), 1);
+    // A descriptor no rule matches (tollgate_unmatched_descriptors_total).
+    let _ = client
+        .should_rate_limit(request("ops", &[&[("no-such-key", "x")]]))
+        .await;
     redis.kill();
     for _ in 0..4 {
         let _ = client

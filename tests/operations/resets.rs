@@ -203,6 +203,18 @@ async fn a_rule_is_named_unambiguously_and_a_reset_of_nothing_says_so() {
         assert!(r.body.contains("/limited?domain=web"), "{}", r.body);
         assert!(r.body.contains("web.user"), "the rules it has: {}", r.body);
     }
+    // The same descriptor from Envoy is answered OK, limited by nothing, and
+    // counted by its domain and first key, never its value (an operator's
+    // look above was not).
+    assert_eq!(code(&server, "web", "usr", "secret-value").await, OK);
+    let metrics = http(server.admin, "GET", "/metrics", &[])
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains("tollgate_unmatched_descriptors_total{domain=\"web\",key=\"usr\"} 1"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("secret-value"));
 }
 
 const REDIS_RULES: &str = "domain: r
