@@ -12,9 +12,11 @@
 //!   `--admin-reads token` (`/limited`, `/counters`, `/json`, `tollgate
 //!   top`); a reset with it is refused (403).
 //!
-//! A file that others may read or write (mode `& 0o077`) is refused
-//! unless `--admin-token-file-mode-check off`: a token others can read is
-//! not a secret. At start-up any problem stops Tollgate; on a reload, a
+//! A file that other users may read or write, or its group write (mode
+//! `& 0o027`), is refused unless `--admin-token-file-mode-check off`: a
+//! token others can read is not a secret. Its group may read it (`0640`,
+//! `0440`): that is how a Kubernetes Secret reaches a non-root container
+//! (`defaultMode: 0440` and the pod's `fsGroup`). At start-up any problem stops Tollgate; on a reload, a
 //! file that is gone, empty, unreadable, invalid or open to others closes
 //! the tokens (every one refused, 503 saying why) and logs an error until it
 //! is fixed: the old tokens never stay in force after the file changed.
@@ -172,9 +174,9 @@ pub(crate) fn read(path: &Path, mode_check: bool) -> Result<Vec<Token>, String> 
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("--admin-token-file {shown}: {e}"))?;
     let mode = mode(&meta);
-    if mode_check && mode & 0o077 != 0 {
+    if mode_check && mode & 0o027 != 0 {
         return Err(format!(
-            "--admin-token-file {shown}: its mode {mode:04o} lets other users read or write it; run chmod 600 {shown} (or turn this check off with --admin-token-file-mode-check off)"
+            "--admin-token-file {shown}: its mode {mode:04o} lets other users read or write it (or its group write it); run chmod 600 {shown}, or 640 for a group that must read it (or turn this check off with --admin-token-file-mode-check off)"
         ));
     }
     let text =

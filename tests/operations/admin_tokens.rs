@@ -147,10 +147,20 @@ fn a_rotated_token_works_and_the_old_one_stops_within_a_second() {
 fn a_token_file_others_may_read_or_a_bad_line_stops_start_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tokens = token_file(dir.path(), "tokens", &format!("ops:{A}\n"));
-    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o640))
-        .expect("chmod");
     let args = ["--rules", "examples/rules", "--admin-token-file", &tokens];
-    crate::common::run_briefly(&args, &[]).assert_refused(&[&tokens, "0640", "chmod 600"]);
+    let chmod = |mode: u32| {
+        std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod")
+    };
+    for (mode, shown) in [(0o644, "0644"), (0o660, "0660"), (0o604, "0604")] {
+        chmod(mode);
+        crate::common::run_briefly(&args, &[]).assert_refused(&[&tokens, shown, "chmod 600"]);
+    }
+    // Its group may read it (a Kubernetes Secret: defaultMode 0440, fsGroup).
+    chmod(0o440);
+    let group = crate::common::run_briefly(&args, &[]);
+    assert!(group.success, "{}", group.stderr);
+    chmod(0o644);
     let off = crate::common::run_briefly(&args, &[("TOLLGATE_ADMIN_TOKEN_FILE_MODE_CHECK", "off")]);
     assert!(off.success, "{}", off.stderr);
     for (text, says) in [

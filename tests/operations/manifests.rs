@@ -394,3 +394,43 @@ fn the_documented_image_override_points_the_deployment_at_your_image() {
         "{images:?}"
     );
 }
+
+#[test]
+fn the_admin_token_overlay_mounts_a_secret_its_group_alone_reads() {
+    let docs = overlay("admin-token");
+    let tollgate = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "tollgate")
+        .expect("the tollgate Deployment");
+    assert_hardened(tollgate, "admin-token");
+    let pod = &tollgate["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        env_value(container, "TOLLGATE_ADMIN_TOKEN_FILE"),
+        Some("/etc/tollgate/admin/tokens")
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "admin-token")
+        .expect("the token volume");
+    assert_eq!(volume["secret"]["secretName"], "tollgate-admin-token");
+    // 0440: the pod's fsGroup reads it (Tollgate does not run as root),
+    // nobody else; Tollgate's mode check accepts that and refuses more.
+    assert_eq!(volume["secret"]["defaultMode"], 0o440);
+    assert!(pod["securityContext"]["fsGroup"].is_number(), "{pod}");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "admin-token")
+        .expect("the token mount");
+    assert_eq!(mount["mountPath"], "/etc/tollgate/admin");
+    assert_eq!(mount["readOnly"], true);
+    // The Secret itself is the operator's to create: never shipped.
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Secret"),
+        "no token in the manifests"
+    );
+}
