@@ -38,7 +38,9 @@ impl Limiter {
         }
         let mut statuses = Vec::with_capacity(descriptors);
         // `planned` and `unlimited` are in request order: walk them alongside.
-        let mut limits = planned.iter().zip(checks.iter()).peekable();
+        let mut limits = planned.iter().zip(checks.iter()).enumerate().peekable();
+        // The request's deciding limit: its rank and its plan's index.
+        let mut deciding: Option<((bool, bool, u64), usize, u32)> = None;
         let mut unlimited = unlimited.iter().peekable();
         // One refusal line per request (its line lists every descriptor):
         // a request of 128 refused descriptors is one step, not 128.
@@ -46,7 +48,8 @@ impl Limiter {
         for d in 0..descriptors {
             let mut decided: Option<((bool, bool, u64), LimitStatus)> = None;
             let mut others = Vec::new();
-            while let Some((plan, check)) = limits.next_if(|(p, _)| p.descriptor == d) {
+            while let Some((index, (plan, check))) = limits.next_if(|(_, (p, _))| p.descriptor == d)
+            {
                 let (allowed, remaining, reset) = match check.outcome {
                     Some(o) => (o.allowed, o.remaining, o.wait),
                     None => (true, plan.limit.requests_per_unit, 0),
@@ -76,6 +79,9 @@ impl Limiter {
                         u64::MAX - status.reset
                     },
                 );
+                if plan.rule.is_some() && deciding.is_none_or(|(best, _, _)| rank < best) {
+                    deciding = Some((rank, index, remaining));
+                }
                 match &decided {
                     Some((best, _)) if *best <= rank => others.push(status),
                     _ => others.extend(decided.replace((rank, status)).map(|(_, s)| s)),
@@ -107,10 +113,16 @@ impl Limiter {
         } else {
             Vec::new()
         };
+        // Moved out of the plan (done with): no count on the rule's Arc.
+        let deciding = deciding.and_then(|(_, index, remaining)| {
+            let rule = planned.get_mut(index)?.rule.take()?;
+            Some(super::Deciding { rule, remaining })
+        });
         Ok(Decision {
             over_limit,
             statuses,
             headers,
+            deciding,
         })
     }
 }

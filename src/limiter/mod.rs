@@ -29,8 +29,8 @@ pub(crate) use observe::Observer;
 pub use options::{LimiterOptions, RefusalLog, RequestBounds};
 use plan::Plan;
 pub use types::{
-    AppliedLimit, Decision, Descriptor, DescriptorStatus, LimitError, LimitOverride, LimitStatus,
-    Request, StoreCall,
+    AppliedLimit, Deciding, Decision, Descriptor, DescriptorStatus, LimitError, LimitOverride,
+    LimitStatus, Request, StoreCall,
 };
 
 /// Decides requests against the current rules and the store.

@@ -122,7 +122,28 @@ pub struct Decision {
     pub statuses: Vec<DescriptorStatus>,
     /// Response headers to add (empty when headers are switched off).
     pub headers: Vec<(&'static str, String)>,
+    /// The limit that decided the request (the one that refused it, else
+    /// the one with the least left), for Envoy's dynamic metadata (an
+    /// access log can name the rule); `None` when no rule limited it.
+    pub deciding: Option<Deciding>,
 }
+
+/// The rule whose limit decided a request, and what it left.
+#[derive(Debug, Clone)]
+pub struct Deciding {
+    /// The rule (its path, name and `file:line`).
+    pub rule: std::sync::Arc<crate::rules::Rule>,
+    /// What it left (0 when it refused).
+    pub remaining: u32,
+}
+
+impl PartialEq for Deciding {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.rule, &other.rule) && self.remaining == other.remaining
+    }
+}
+
+impl Eq for Deciding {}
 
 /// When a request's store call started and ended, and its error if any.
 #[derive(Debug, Clone)]

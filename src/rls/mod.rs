@@ -111,6 +111,7 @@ impl RlsService {
             over_limit: true,
             statuses: Vec::new(),
             headers: Vec::new(),
+            deciding: None,
         })
     }
 

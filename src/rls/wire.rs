@@ -9,7 +9,7 @@
 //! is.
 
 use crate::clock::Nanos;
-use crate::limiter::{AppliedLimit, Decision, DescriptorStatus};
+use crate::limiter::{AppliedLimit, Deciding, Decision, DescriptorStatus};
 
 use super::{duration, unit_to_proto};
 
@@ -122,9 +122,88 @@ fn header_len(key: &str, value: &str) -> usize {
     string_field_len(key) + string_field_len(value)
 }
 
+/// The deciding rule's `file:line`, in pieces (no allocation for a UTF-8
+/// path): the file, and the line's digits.
+fn source_parts(d: &Deciding) -> (std::borrow::Cow<'_, str>, ([u8; 10], usize)) {
+    let mut digits = [0u8; 10];
+    let mut n = d.rule.source.line;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    digits[..len].reverse();
+    (d.rule.source.file.to_string_lossy(), (digits, len))
+}
+
+/// `google.protobuf.Value` holding a string (`string_value` = 3).
+fn string_value_len(len: usize) -> usize {
+    len_field_len(len)
+}
+
+/// A `Struct` entry (key = 1, value = 2) of a value `value_len` long.
+fn entry_len(key: &str, value_len: usize) -> usize {
+    string_field_len(key) + len_field_len(value_len)
+}
+
+/// A `Value` holding a number (`number_value` = 2, a double).
+const NUMBER_VALUE_LEN: usize = 1 + 8;
+
+/// The `Struct`'s length: `rule` (the path), `name` (when the rule has
+/// one), `source` (`file:line`), `remaining` (a number).
+fn metadata_len(d: &Deciding) -> usize {
+    let (file, (_, digits)) = source_parts(d);
+    let string_entry = |key: &str, len: usize| len_field_len(entry_len(key, string_value_len(len)));
+    string_entry("rule", d.rule.path.len())
+        + d.rule
+            .name
+            .as_deref()
+            .map_or(0, |n| string_entry("name", n.len()))
+        + string_entry("source", file.len() + 1 + digits)
+        + len_field_len(entry_len("remaining", NUMBER_VALUE_LEN))
+}
+
+/// A string entry of the `Struct`.
+fn put_string_entry(out: &mut Vec<u8>, key: &str, pieces: &[&[u8]]) {
+    let len: usize = pieces.iter().map(|p| p.len()).sum();
+    put_len_header(out, 1, entry_len(key, string_value_len(len)));
+    put_string_field(out, 1, key);
+    put_len_header(out, 2, string_value_len(len));
+    put_len_header(out, 3, len);
+    for piece in pieces {
+        out.extend_from_slice(piece);
+    }
+}
+
+/// The response's `dynamic_metadata` (field 6): what decided the request,
+/// which Envoy's rate limit filter passes on as its dynamic metadata
+/// (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit:rule)%` in an access
+/// log). Keys in order, as readers find them by name.
+fn put_metadata(out: &mut Vec<u8>, d: &Deciding) {
+    put_len_header(out, 6, metadata_len(d));
+    put_string_entry(out, "rule", &[d.rule.path.as_bytes()]);
+    if let Some(name) = d.rule.name.as_deref() {
+        put_string_entry(out, "name", &[name.as_bytes()]);
+    }
+    let (file, (digits, n)) = source_parts(d);
+    put_string_entry(out, "source", &[file.as_bytes(), b":", &digits[..n]]);
+    put_len_header(out, 1, entry_len("remaining", NUMBER_VALUE_LEN));
+    put_string_field(out, 1, "remaining");
+    put_len_header(out, 2, NUMBER_VALUE_LEN);
+    put_tag(out, 2, 1);
+    out.extend_from_slice(&f64::from(d.remaining).to_le_bytes());
+}
+
 /// The encoded length of the decision's `RateLimitResponse`.
 pub(crate) fn encoded_len(d: &Decision) -> usize {
-    varint_field_len(code(d.over_limit))
+    d.deciding
+        .as_ref()
+        .map_or(0, |m| len_field_len(metadata_len(m)))
+        + varint_field_len(code(d.over_limit))
         + d.statuses
             .iter()
             .map(|s| len_field_len(status_len(s, nested(s))))
@@ -162,6 +241,9 @@ pub(crate) fn encode(d: &Decision, out: &mut Vec<u8>) {
         put_len_header(out, 3, header_len(key, value));
         put_string_field(out, 1, key);
         put_string_field(out, 2, value);
+    }
+    if let Some(deciding) = &d.deciding {
+        put_metadata(out, deciding);
     }
 }
 
@@ -245,6 +327,7 @@ mod tests {
                 over_limit,
                 statuses,
                 headers,
+                deciding: None,
             })
     }
 
@@ -259,6 +342,42 @@ mod tests {
             prop_assert_eq!(encoded_len(&d), out.len());
             prop_assert_eq!(out, expected);
         }
+    }
+
+    #[test]
+    fn the_deciding_rule_is_written_as_envoys_dynamic_metadata() {
+        use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+        use envoy_types::pb::google::protobuf::value::Kind;
+        let rules = crate::rules::RuleSet::from_yaml(
+            "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {name: per-user, unit: minute, requests_per_unit: 5}\n",
+        )
+        .expect("rules");
+        let decision = Decision {
+            over_limit: true,
+            statuses: Vec::new(),
+            headers: vec![("retry-after", "7".into())],
+            deciding: Some(Deciding {
+                rule: rules.rules()[0].clone(),
+                remaining: 0,
+            }),
+        };
+        let mut out = Vec::new();
+        encode(&decision, &mut out);
+        assert_eq!(encoded_len(&decision), out.len());
+        let read = RateLimitResponse::decode(out.as_slice()).expect("prost reads it");
+        let fields = read.dynamic_metadata.expect("metadata").fields;
+        let text = |k: &str| match fields.get(k).and_then(|v| v.kind.clone()) {
+            Some(Kind::StringValue(s)) => s,
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(text("rule"), "api.user");
+        assert_eq!(text("name"), "per-user");
+        assert!(text("source").ends_with(":3"), "{}", text("source"));
+        assert_eq!(
+            fields.get("remaining").and_then(|v| v.kind.clone()),
+            Some(Kind::NumberValue(0.0))
+        );
+        assert_eq!(read.response_headers_to_add.len(), 1);
     }
 
     #[test]

@@ -90,6 +90,9 @@ impl Envoy {
                 "warn",
                 "--concurrency",
                 "1",
+                // Access log files are written within 0.1 s (10 s by default).
+                "--file-flush-interval-msec",
+                "100",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

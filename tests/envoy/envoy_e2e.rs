@@ -172,6 +172,64 @@ fn a_header_value_that_is_not_utf8_is_limited_like_any_other() {
 }
 
 #[test]
+fn envoys_access_log_names_the_rule_that_decided_each_request() {
+    let tollgate = Tollgate::start(GATEWAY_RULES, &[]);
+    let (listen, upstream, admin) = (free_port(), free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    // The shipped configuration, its stdout access log written to a file.
+    let file_logger = format!(
+        "\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog\n                      path: {}",
+        log.display()
+    );
+    let envoy = Envoy::start_replacing(
+        "gateway.yaml",
+        &[
+            (10000, listen),
+            (10001, upstream),
+            (9901, admin),
+            (8081, tollgate.addr.port()),
+        ],
+        &[(
+            "\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+            &file_logger,
+        )],
+        admin,
+    );
+    let g = Gateway {
+        envoy,
+        addr: SocketAddr::from(([127, 0, 0, 1], listen)),
+    };
+    let ann = [("x-user-id", "ann")];
+    let codes: Vec<u16> = (0..3).map(|_| get(&g, "/items", &ann).status).collect();
+    assert_eq!(codes, [200, 200, 429]);
+    let mut lines = Vec::new();
+    let logged = crate::common::holds_within(Duration::from_secs(5), || {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.len() >= 3
+    });
+    assert!(logged, "three access log lines: {lines:?}");
+    // Each names the rule (per-user: its path), its file:line, and what it
+    // left; the refused one 0.
+    for (line, remaining) in lines
+        .iter()
+        .zip(["remaining=1", "remaining=0", "remaining=0"])
+    {
+        assert!(line.contains("rule=gateway.user "), "{line}");
+        assert!(
+            line.contains("rules.yaml:8 "),
+            "the rule's line in its file: {line}"
+        );
+        assert!(line.ends_with(remaining), "{line}");
+    }
+    assert!(lines[2].contains(" 429 "), "{}", lines[2]);
+}
+
+#[test]
 fn the_user_limit_trips_first_and_spends_nothing_of_the_organisation() {
     let tollgate = Tollgate::start(GATEWAY_RULES, &[]);
     let g = gateway("gateway.yaml", tollgate.addr.port());
