@@ -99,6 +99,30 @@ impl RedisStore {
         }
     }
 
+    /// Reads the reset epoch with a plain GET (not a script: a script call
+    /// every 100 ms would count among the decisions' calls), on the server
+    /// or the Cluster master of its slot; a moved slot is read again at the
+    /// next tick, once the map is.
+    async fn read_epoch(&self) -> Result<u64, StoreError> {
+        let key = self.epoch_key();
+        let mut conn = match &self.inner.cluster {
+            None => self.inner.connections.shared(&self.inner.breaker).await?,
+            Some(_) => {
+                let node = self.owner(slot_of(key.as_bytes())).await?;
+                self.inner
+                    .connections
+                    .shared_to(node.id, node.breaker.generation(), &node.url)
+                    .await?
+            }
+        };
+        let value: Option<u64> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| super::redis_error(&e))?;
+        Ok(value.unwrap_or(0))
+    }
+
     async fn epoch(&self, what: &str) -> Result<u64, StoreError> {
         let key = self.epoch_key();
         let mut inv = self.inner.scripts.epoch.prepare_invoke();
@@ -119,7 +143,7 @@ impl RedisStore {
     /// per-second pool). The server calls this every
     /// [`RESET_WATCH_EVERY`]: a reset anywhere lifts here within it.
     pub async fn watch_resets(&self, seen: &mut Option<u64>) {
-        let Ok(epoch) = self.epoch("read").await else {
+        let Ok(epoch) = self.bounded(self.read_epoch()).await else {
             return;
         };
         if seen.is_some_and(|s| s != epoch) {

@@ -186,7 +186,7 @@ impl RedisStore {
     }
 
     /// The master serving `slot`; the map is read first if there is none.
-    async fn owner(&self, slot: u16) -> Result<Arc<Node>, StoreError> {
+    pub(super) async fn owner(&self, slot: u16) -> Result<Arc<Node>, StoreError> {
         let cluster = self.cluster();
         if let Some(node) = cluster.topology.load().owner(slot) {
             return Ok(node.clone());
