@@ -307,10 +307,16 @@ mod tests {
         chmod(0o600);
         let file = TokenFile::load(&path, true).expect("loads");
         assert!(!file.poll());
+        // Its group may read it (a Kubernetes Secret's 0440 with fsGroup).
         chmod(0o640);
         assert!(!file.poll(), "seen once");
         assert!(file.poll(), "seen twice: reloaded");
-        assert!(matches!(&*file.tokens(), Tokens::Closed(why) if why.contains("0640")));
+        assert!(matches!(&*file.tokens(), Tokens::Open(_)));
+        // Others may read it: closed.
+        chmod(0o644);
+        assert!(!file.poll(), "seen once");
+        assert!(file.poll(), "seen twice: reloaded");
+        assert!(matches!(&*file.tokens(), Tokens::Closed(why) if why.contains("0644")));
         chmod(0o600);
         std::fs::write(&path, format!("new:{SECRET}x\n")).expect("write");
         file.reload("test");
