@@ -208,7 +208,7 @@ async fn reset_all(
             )
                 .into_response()
         }
-        Err(e @ BulkResetError::NoRule(..)) => {
+        Err(e @ (BulkResetError::NoRule(..) | BulkResetError::NoDomain(_))) => {
             (StatusCode::NOT_FOUND, format!("{e}\n")).into_response()
         }
         Err(e @ BulkResetError::Ambiguous(..)) => {

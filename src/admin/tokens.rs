@@ -189,12 +189,21 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Token>, String> {
     let mut tokens: Vec<Token> = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let number = number + 1;
-        let line = line.trim();
+        // A byte-order mark is not part of the first name.
+        let line = line.trim_start_matches('\u{feff}').trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let (scope, rest) = match line.split_once(char::is_whitespace) {
             Some(("read", rest)) => (Scope::Read, rest.trim()),
+            // `READ name:T` or `Read T` meant read-only: never read as a
+            // name (with a space) that may reset.
+            Some((word, _)) if word.eq_ignore_ascii_case("read") => {
+                return Err(format!(
+                    "line {number}: '{}' is not a scope: write `read` in lower case for a read-only token",
+                    word.escape_debug()
+                ));
+            }
             _ => (Scope::Reset, line),
         };
         let (name, secret) = match rest.split_once(':') {
@@ -224,6 +233,12 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Token>, String> {
                 name.escape_debug()
             ));
         }
+        if tokens.iter().any(|t| t.secret == secret) {
+            return Err(format!(
+                "line {number}: token '{}' repeats an earlier line's token (one token, one name and one scope)",
+                name.escape_debug()
+            ));
+        }
         tokens.push(Token {
             name,
             secret: secret.to_owned(),
@@ -244,6 +259,28 @@ mod tests {
 
     fn one(line: &str) -> Result<Token, String> {
         parse(line).map(|mut t| t.remove(0))
+    }
+
+    #[test]
+    fn a_misspelt_scope_a_repeated_token_and_a_bom_are_caught() {
+        let t = format!("{SECRET}x");
+        assert!(
+            parse(&format!("READ ops:{t}\n"))
+                .unwrap_err()
+                .contains("lower case")
+        );
+        assert!(
+            parse(&format!("Read {t}\n"))
+                .unwrap_err()
+                .contains("lower case")
+        );
+        assert!(
+            parse(&format!("a:{t}\nread b:{t}\n"))
+                .unwrap_err()
+                .contains("repeats")
+        );
+        let bom = parse(&format!("\u{feff}ops:{t}\n")).expect("loads");
+        assert_eq!(bom[0].name, "ops");
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub(crate) const EPOCHS: usize = 4;
 /// entries are left out and the cut is marked).
 pub(crate) const MAX_DESCRIPTOR_BYTES: usize = 1_024;
 
+/// Marks a value cut to fit (see [`owned`]).
+const VALUE_CUT: &str = "…";
+/// The least of a cut value kept (less, and the entry is left out).
+const MIN_VALUE_KEPT: usize = 16;
+
 /// What an entry takes beside its text: the pair of boxed strings and
 /// their two allocations' rounding.
 const ENTRY_BYTES: usize = 2 * std::mem::size_of::<Box<str>>() + 2 * 16;
@@ -218,7 +223,21 @@ pub(crate) fn owned<'a>(
         for (k, v) in entries {
             let size = k.len() + v.len() + ENTRY_BYTES;
             if size > left {
-                cut += 1;
+                // A long value is cut rather than left out, while its key
+                // and some of it fit: a client whose value is a long
+                // header is still shown (and found by a search).
+                let room = left.saturating_sub(k.len() + ENTRY_BYTES + VALUE_CUT.len());
+                if room >= MIN_VALUE_KEPT.min(v.len()) && room > 0 {
+                    let mut end = room.min(v.len());
+                    while !v.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    let value = format!("{}{VALUE_CUT}", &v[..end]);
+                    left -= k.len() + ENTRY_BYTES + value.len();
+                    kept.push((Box::from(*k), value.into_boxed_str()));
+                } else {
+                    cut += 1;
+                }
                 continue;
             }
             left -= size;
@@ -321,9 +340,12 @@ mod tests {
             vec![("b", long.as_str())],
         ];
         let kept = owned(entries.iter().map(Vec::as_slice));
-        assert_eq!(kept.len(), 3);
         assert_eq!(&*kept[0][0].1, "ann");
-        assert_eq!(&*kept[2][0].1, "1 more entries");
+        // The first long value fits whole; the second is cut, marked, and
+        // still there (a client is never shown without its value).
+        assert_eq!(kept[1][0].1.len(), 600);
+        assert!(kept[2][0].1.ends_with('…'), "{:?}", kept[2][0]);
+        assert!(kept[2][0].1.starts_with("vvvv"), "{:?}", kept[2][0]);
         let bytes: usize = kept
             .iter()
             .flat_map(|d| d.iter())

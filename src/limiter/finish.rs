@@ -34,6 +34,9 @@ impl Limiter {
                 return Err(err);
             }
             tracing::debug!(%err, "store failed; answering from failure modes");
+            // Counted in the store's metrics; summarised in the log, where a
+            // full memory store or a Redis outage must be seen.
+            crate::logging::store_failed(&err.to_string());
             self.apply_failure_modes(planned, checks);
         }
         let mut statuses = Vec::with_capacity(descriptors);

@@ -15,6 +15,9 @@ pub enum BulkResetError {
         "no rule '{0}' in domain '{1}' (name a rule by its path, as /rlconfig and /limited show it)"
     )]
     NoRule(String, String),
+    /// No rule names the domain.
+    #[error("no rule in domain '{0}': nothing to reset (the domains with rules are in /rlconfig)")]
+    NoDomain(String),
     /// The name is shared by several rules of the domain.
     #[error("{count} rules of domain '{1}' are named '{0}': name one by its path ({paths})", count = .2.len(), paths = .2.join(", "))]
     Ambiguous(String, String, Vec<String>),
@@ -108,6 +111,9 @@ impl Limiter {
         max_keys: usize,
     ) -> Result<usize, BulkResetError> {
         let rules = self.rules();
+        if !rules.has_domain(domain) {
+            return Err(BulkResetError::NoDomain(domain.to_owned()));
+        }
         let path = match rule {
             None => None,
             Some(asked) => Some(rule_path(&rules, domain, asked)?),

@@ -149,18 +149,25 @@ impl Limiter {
                 None => return,
             }
         };
+        // Bounded: a request of many large values must not make a line of
+        // half a megabyte (the line rate alone would not stop a flood).
         let descriptor = request
             .descriptors
             .get(plan.descriptor)
-            .map_or_else(String::new, |d| entries_json(&d.entries));
-        let descriptors = format!(
-            "[{}]",
-            request
-                .descriptors
-                .iter()
-                .map(|d| entries_json(&d.entries))
-                .collect::<Vec<_>>()
-                .join(",")
+            .map_or_else(String::new, |d| {
+                cut(entries_json(&d.entries), MAX_LOGGED_DESCRIPTOR_BYTES)
+            });
+        let descriptors = cut(
+            format!(
+                "[{}]",
+                request
+                    .descriptors
+                    .iter()
+                    .map(|d| entries_json(&d.entries))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            MAX_LOGGED_DESCRIPTORS_BYTES,
         );
         let ids = crate::logging::call_ids().unwrap_or_default();
         // A request id sent as a descriptor entry (how Envoy can send it).
@@ -248,6 +255,27 @@ impl RefusalsLogged {
     }
 }
 
+/// The most bytes of the refused descriptor in a refusal line.
+const MAX_LOGGED_DESCRIPTOR_BYTES: usize = 1_024;
+/// The most bytes of all the request's descriptors in a refusal line.
+const MAX_LOGGED_DESCRIPTORS_BYTES: usize = 2_048;
+
+/// `text` cut to `max` bytes (at a character boundary), saying how much
+/// was left out.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let left = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!("… ({left} more bytes)"));
+    text
+}
+
 /// A descriptor's entries as JSON: `[{"key": K, "value": V}, ...]`.
 fn entries_json(entries: &[(&str, &str)]) -> String {
     let entries: Vec<serde_json::Value> = entries
@@ -260,6 +288,18 @@ fn entries_json(entries: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod refusal_tests {
     use super::*;
+
+    #[test]
+    fn long_descriptors_are_cut_in_the_log_saying_how_much() {
+        let long = "é".repeat(3_000);
+        let cut = super::cut(long.clone(), 1_001);
+        assert!(cut.len() < 1_100, "{}", cut.len());
+        assert!(
+            cut.ends_with(&format!("… ({} more bytes)", long.len() - 1_000)),
+            "{cut}"
+        );
+        assert_eq!(super::cut("short".into(), 10), "short");
+    }
 
     #[test]
     fn a_key_is_logged_once_a_second_and_lines_are_bounded() {

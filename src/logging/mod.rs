@@ -86,6 +86,15 @@ static EXPORT_FAILURES: Summarised = Summarised::new();
 /// bound): a hostile client can send them at any rate.
 static UNDECIDED: Summarised = Summarised::new();
 
+/// Requests the store could not decide (a full memory store, Redis down),
+/// answered from their failure modes.
+static STORE_FAILURES: Summarised = Summarised::new();
+
+/// Keeps a store failure's reason for the next summary.
+pub(crate) fn store_failed(reason: &str) {
+    STORE_FAILURES.record(reason);
+}
+
 /// Keeps an undecided request's reason (`refused`: answered OVER_LIMIT, its
 /// domain failing closed; else failed with an error) for the next summary.
 pub(crate) fn undecided(reason: &str, refused: bool) {
@@ -247,6 +256,7 @@ fn log_summaries_forever() {
     let mut redis = Quiet::new(REFUSED_LOG_INTERVAL);
     let mut export = Quiet::new(REFUSED_LOG_INTERVAL);
     let mut undecided = Quiet::new(REFUSED_LOG_INTERVAL);
+    let mut store = Quiet::new(REFUSED_LOG_INTERVAL);
     loop {
         std::thread::sleep(Duration::from_secs(1));
         if let Some((total, new, last)) = refused.tick(&REFUSALS) {
@@ -274,6 +284,15 @@ fn log_summaries_forever() {
                 "rate limit requests could not be decided: malformed, or above a bound \
                  (refused where their domain has a limit with failure_mode deny; \
                  summarised: at most one line per 10 s)"
+            );
+        }
+        if let Some((total, new, last)) = store.tick(&STORE_FAILURES) {
+            tracing::warn!(
+                requests = new,
+                total,
+                last = %last,
+                "the store could not decide requests: they were answered from their \
+                 failure modes (summarised: at most one line per 10 s)"
             );
         }
         if let Some((total, new, last)) = redis.tick(&REDIS_WARNINGS) {

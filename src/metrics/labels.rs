@@ -40,6 +40,12 @@ pub(crate) fn label_value(out: &mut String, value: &str) {
             '\\' => out.push_str("\\\\"),
             '"' => out.push_str("\\\""),
             '\n' => out.push_str("\\n"),
+            // A control or invisible character from a request (a metric
+            // read in a terminal must not run its escape sequences): shown
+            // as `\u{1b}`, its backslash escaped for Prometheus.
+            c if crate::wire_text::hidden(c) => {
+                out.push_str(&format!("\\\\u{{{:x}}}", u32::from(c)));
+            }
             c => out.push(c),
         }
     }

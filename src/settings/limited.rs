@@ -80,9 +80,10 @@ pub(crate) struct LimitedArgs {
     #[arg(long = "admin-token-file", env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// `off` serves a token file that other users may read or write (mode
-    /// & 077); `on` refuses it (at start-up, and on a reload by refusing
-    /// every token): a token others can read is not a secret.
+    /// `off` serves a token file that other users may read or write, or
+    /// its group write (mode & 027; its group may read it, as a Kubernetes
+    /// Secret's 0440); `on` refuses it (at start-up, and on a reload by
+    /// refusing every token): a token others can read is not a secret.
     #[arg(long = "admin-token-file-mode-check", env = "TOLLGATE_ADMIN_TOKEN_FILE_MODE_CHECK", value_enum, default_value_t = OnOff::On)]
     pub admin_token_file_mode_check: OnOff,
 

@@ -190,6 +190,13 @@ async fn a_rule_is_named_unambiguously_and_a_reset_of_nothing_says_so() {
     assert_eq!(code(&server, "web", "org", "a").await, OK);
     assert_eq!(code(&server, "api", "org", "a").await, OVER);
 
+    // A domain no rule names: nothing to reset, and said so.
+    let r = reset(
+        admin(&server),
+        &json!({"domain": "nope", "confirm": "nope"}),
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("no rule in domain 'nope'"), "{}", r.body);
     // Descriptors no rule limits: 404, saying so and where to look, for a
     // reset and for an inspect (a typo'd key is the usual cause).
     for path in ["/counters/reset", "/counters"] {
