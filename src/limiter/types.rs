@@ -137,9 +137,13 @@ pub struct Deciding {
     pub remaining: u32,
 }
 
+/// The same rule (its domain and path, which name it in any rule set: two
+/// limiters over the same rules decide alike) and what it left.
 impl PartialEq for Deciding {
     fn eq(&self, other: &Self) -> bool {
-        std::sync::Arc::ptr_eq(&self.rule, &other.rule) && self.remaining == other.remaining
+        self.rule.domain == other.rule.domain
+            && self.rule.path == other.rule.path
+            && self.remaining == other.remaining
     }
 }
 
