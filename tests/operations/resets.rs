@@ -378,6 +378,17 @@ fn a_reset_of_a_large_domain_never_holds_health_checks() {
         &keys.to_string(),
     ]);
     let admin = server.admin;
+    // What a probe waits for on this machine now, with no reset: the
+    // rest of the suite may be running beside this test.
+    let mut baseline = Duration::ZERO;
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(2) {
+        let started = Instant::now();
+        let r = http(admin, "GET", "/healthcheck", &[]).expect("health answers");
+        assert_eq!(r.status, 200);
+        baseline = baseline.max(started.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let probing = {
         let stop = stop.clone();
@@ -413,9 +424,17 @@ fn a_reset_of_a_large_domain_never_holds_health_checks() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (worst, probes) = probing.join().expect("probes");
     assert!(body.contains(&format!("\"reset\":{keys}")), "{body}");
-    eprintln!("reset of {keys} keys took {took:?}; {probes} health probes, the slowest {worst:?}");
+    eprintln!(
+        "reset of {keys} keys took {took:?}; {probes} health probes, the slowest {worst:?} ({baseline:?} before it)"
+    );
+    // Alone: 13.7 ms (debug build; 95.9 ms before bulk deletes yielded,
+    // 190 ms in the review). Beside the rest of this suite on two busy
+    // cores a probe can wait for the CPU itself (68.9 ms seen in a CI
+    // run), so the bound is 50 ms or, on a loaded machine, twice what a
+    // probe waited just before the reset.
+    let bound = Duration::from_millis(50).max(baseline * 2);
     assert!(
-        worst < Duration::from_millis(50),
-        "a health check waited {worst:?} during the reset"
+        worst < bound,
+        "a health check waited {worst:?} during the reset ({baseline:?} before it)"
     );
 }
