@@ -323,10 +323,14 @@ fn large_set(prefix: &str) -> Vec<RateLimitConfig> {
 }
 
 /// What a large set costs while it is in force, as a factor of its size,
-/// and that replaced sets do not pile up: two large sets alternate three
+/// and that replaced sets do not pile up: two large sets alternate four
 /// times, then one small rule replaces them. (Each replaced set is freed,
 /// see `a_replaced_rule_set_is_released`; the allocator keeps the pages for
-/// the next set rather than giving them to the system.)
+/// the next set rather than giving them to the system, and how many it keeps
+/// varies with the threads that built each set: the first push is the
+/// lowest, sometimes half the second. So growth is measured from the second
+/// push, when an old set and a new one have both been held once, to the
+/// fourth: a pile-up adds a whole set each push.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_not_pile_up() {
     let (xds, server) = serving_v1().await;
@@ -348,7 +352,7 @@ async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_no
         .map(prost::Message::encoded_len)
         .sum::<usize>() as u64;
     let mut held = Vec::new();
-    for (n, prefix) in ["a", "b", "a"].iter().enumerate() {
+    for (n, prefix) in ["a", "b", "a", "b"].iter().enumerate() {
         let version = format!("v{}", n + 2);
         xds.set(&version, large_set(prefix));
         held.push(settled(&version).await);
@@ -356,24 +360,23 @@ async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_no
     xds.set("v9", vec![config("users", 2, RateLimitUnit::Hour)]);
     let back = settled("v9").await;
     let mb = |b: u64| b / 1_000_000;
-    let first = held[0].saturating_sub(small);
+    let above = |b: u64| b.saturating_sub(small);
+    let most = held.iter().map(|&b| above(b)).max().unwrap_or(0);
     eprintln!(
-        "xds memory: a {bytes}-byte set; RSS {} MB with one rule, {:?} MB with large sets alternating ({}x the set), {} MB back on one rule",
+        "xds memory: a {bytes}-byte set; RSS {} MB with one rule, {:?} MB with large sets alternating (at most {}x the set), {} MB back on one rule",
         mb(small),
         held.iter().map(|&b| mb(b)).collect::<Vec<_>>(),
-        first / bytes,
+        most / bytes,
         mb(back)
     );
+    assert!(most <= 100 * bytes, "a set costs {}x its size", most / bytes);
+    let (second, fourth) = (above(held[1]), above(held[3]));
+    let first = above(held[0]);
     assert!(
-        first <= 80 * bytes,
-        "a set costs {}x its size",
-        first / bytes
-    );
-    let last = held[2].saturating_sub(small);
-    assert!(
-        last <= first * 5 / 2,
-        "replaced sets pile up: {} MB after three pushes, {} MB after one",
-        mb(last),
+        fourth <= second + first / 2,
+        "replaced sets pile up: {} MB after four pushes, {} MB after two, a set {} MB",
+        mb(fourth),
+        mb(second),
         mb(first)
     );
 }
