@@ -9,7 +9,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{AdminState, json};
+use super::AdminState;
+use super::body::{self, BulkReset};
 use crate::limiter::{BulkResetError, Decision};
 use crate::rules::RuleSet;
 
@@ -65,7 +66,14 @@ pub(super) async fn counters(
     if let Some(answer) = super::not_json(&s, &headers, "/counters") {
         return answer;
     }
-    domain_request!(&body, proto, request);
+    let proto = match body::parse(&body).and_then(|b| body::request(&b)) {
+        Ok(proto) => proto,
+        Err(refused) => return refused.into_response(),
+    };
+    let request = match body::domain(&proto) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
     let decision = match s.limiter.peek(&request).await {
         Ok(d) => d,
         Err(e) => return super::limit_error(e),
@@ -100,18 +108,27 @@ pub(super) async fn reset(
     }
     // The body, read once: without descriptors, a whole rule's or
     // domain's counters.
-    let body: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")).into_response();
-        }
+    let body = match body::parse(&body) {
+        Ok(body) => body,
+        Err(refused) => return refused.into_response(),
     };
-    if let serde_json::Value::Object(fields) = &body
-        && !fields.contains_key("descriptors")
+    if body
+        .as_object()
+        .is_some_and(|f| !f.contains_key("descriptors"))
     {
-        return reset_all(&s, (&who, &from), fields).await;
+        return match BulkReset::from(body) {
+            Ok(reset) => reset_all(&s, (&who, &from), &reset).await,
+            Err(refused) => refused.into_response(),
+        };
     }
-    domain_request!(value: &body, proto, request);
+    let proto = match body::request(&body) {
+        Ok(proto) => proto,
+        Err(refused) => return refused.into_response(),
+    };
+    let request = match body::domain(&proto) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
     match s.limiter.reset(&request).await {
         Ok(done) if done.limits == 0 => super::no_limit(&s, &request),
         Ok(done) => {
@@ -143,53 +160,23 @@ pub(super) async fn reset(
 /// more.
 const MAX_KEYS: usize = 10_000;
 
-/// `{"domain": D, "rule": R, "confirm": R, "max_keys": N}` (without `rule`,
-/// the whole domain, confirmed by its name).
-async fn reset_all(
-    s: &AdminState,
-    (who, from): (&str, &str),
-    fields: &serde_json::Map<String, serde_json::Value>,
-) -> Response {
-    let text = |name: &str| fields.get(name).and_then(serde_json::Value::as_str);
-    let Some(domain) = text("domain").filter(|d| !d.is_empty()) else {
-        return (
-            StatusCode::BAD_REQUEST,
-            "a reset names a domain, and descriptors (one client) or a rule (every client of it)\n",
-        )
-            .into_response();
-    };
-    let rule = text("rule");
-    let target = rule.unwrap_or(domain);
-    if text("confirm") != Some(target) {
-        return (
-            StatusCode::BAD_REQUEST,
-            format!(
-                "resetting every counter of {} '{}' needs \"confirm\": \"{}\" in the body\n",
-                if rule.is_some() { "rule" } else { "domain" },
-                crate::rules::printable(target),
-                crate::rules::printable(target)
-            ),
-        )
-            .into_response();
-    }
-    let max_keys = match fields.get("max_keys") {
+/// A rule's or a domain's counters (see [`BulkReset`]).
+async fn reset_all(s: &AdminState, (who, from): (&str, &str), reset: &BulkReset) -> Response {
+    let (domain, rule) = (reset.domain.as_str(), reset.rule.as_deref());
+    let max_keys = match reset.max_keys.map(usize::try_from) {
         None => MAX_KEYS,
-        Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-            Some(n) if n <= s.access.reset_ceiling => n,
-            Some(n) => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "max_keys {n} is above --admin-reset-max-keys ({})\n",
-                        s.access.reset_ceiling
-                    ),
-                )
-                    .into_response();
-            }
-            None => {
-                return (StatusCode::BAD_REQUEST, "max_keys is a whole number\n").into_response();
-            }
-        },
+        Some(Ok(n)) if n <= s.access.reset_ceiling => n,
+        Some(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "max_keys {} is above --admin-reset-max-keys ({})\n",
+                    reset.max_keys.unwrap_or_default(),
+                    s.access.reset_ceiling
+                ),
+            )
+                .into_response();
+        }
     };
     match s.limiter.reset_all(domain, rule, max_keys).await {
         Ok(n) => {

@@ -1,32 +1,12 @@
 //! Admin HTTP, on its own port: `/healthcheck`, `/metrics` (Prometheus),
-//! `/json` (a RateLimitRequest as JSON, as the reference's `/json`) and
-//! `/rlconfig` (the loaded rules, one line per limit).
+//! `/json` (a RateLimitRequest as JSON, as the reference's `/json`),
+//! `/rlconfig` (the loaded rules, one line per limit), `/rlqs` (the quota
+//! service's buckets), `/candidate` and `/candidate/report.html` (candidate
+//! rules), and the operator view: `/limited` (who is limited), `/counters`
+//! and `/counters/reset` (a client's, a rule's or a domain's counters, and
+//! lifting them), and the page `/ui` (with `/ui/app.js`, `/ui/app.css`).
 
-/// Parses the `/json` body `$body` into the proto `$proto` and the domain
-/// request `$request`, or returns 400 with the reason.
-macro_rules! domain_request {
-    (value: $value:expr, $proto:ident, $request:ident) => {
-        let $proto = match json::request_from_value($value) {
-            Ok(r) => r,
-            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
-        };
-        domain_request!(@domain $proto, $request);
-    };
-    ($body:expr, $proto:ident, $request:ident) => {
-        let $proto = match json::request_from_json($body) {
-            Ok(r) => r,
-            Err(reason) => return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response(),
-        };
-        domain_request!(@domain $proto, $request);
-    };
-    (@domain $proto:ident, $request:ident) => {
-        let $request = match crate::rls::to_domain(&$proto) {
-            Ok(r) => r,
-            Err(e) => return crate::admin::limit_error(e),
-        };
-    };
-}
-
+mod body;
 mod counters;
 mod failures;
 mod guard;
@@ -272,8 +252,15 @@ async fn json(
     if let Some(answer) = not_json(&s, &headers, "/json") {
         return answer;
     }
-    domain_request!(&body, request, domain_request);
-    match s.limiter.should_rate_limit(&domain_request).await {
+    let proto = match body::parse(&body).and_then(|b| body::request(&b)) {
+        Ok(proto) => proto,
+        Err(refused) => return refused.into_response(),
+    };
+    let request = match body::domain(&proto) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    match s.limiter.should_rate_limit(&request).await {
         Ok(decision) => {
             let code = if decision.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

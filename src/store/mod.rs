@@ -97,63 +97,24 @@ pub enum ResetError {
     Store(StoreError),
 }
 
-/// A handle on a store that instances share, for the quota service's
-/// exchange (see [`Store::quota_share`]).
-#[derive(Debug, Clone)]
-pub struct QuotaShare(redis::RedisStore);
-
-impl QuotaShare {
-    /// The exchange for `exchanges`, every bucket within `within` (see
-    /// [`redis::RedisStore::exchange_quotas`]).
-    pub async fn exchange(
-        &self,
-        exchanges: &[QuotaExchange<'_>],
-        within: std::time::Duration,
-    ) -> Vec<Result<QuotaTotals, StoreError>> {
-        self.0.exchange_quotas(exchanges, within).await
-    }
-}
-
 /// A handle on the instances' shared views of who is limited (see
 /// [`Store::views`]).
-#[derive(Debug, Clone)]
-pub struct ViewShare(redis::RedisStore);
+pub use redis::ViewShare;
 
-impl ViewShare {
-    /// Stores `view` as `instance`'s (see [`redis::RedisStore::put_view`]).
-    pub async fn put(
-        &self,
-        instance: &str,
-        view: &str,
-        bounds: (std::time::Duration, usize),
-    ) -> Result<(), StoreError> {
-        self.0.put_view(instance, view, bounds).await
-    }
-
-    /// The instances' recent views (see [`redis::RedisStore::views`]).
-    pub async fn get(
-        &self,
-        bounds: (std::time::Duration, usize, usize),
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        self.0.views(bounds).await
-    }
-}
+/// A handle on a store that instances share, for the quota service's
+/// exchange (see [`Store::quota_share`]).
+pub use redis::QuotaShare;
 
 /// A handle on a shared store's reset epoch, for an instance to learn of
 /// the resets other instances make (see [`Store::reset_watcher`]).
-#[derive(Debug, Clone)]
-pub struct ResetWatcher(redis::RedisStore);
-
-impl ResetWatcher {
-    /// Reads the epoch; forgets what this instance remembers of counters
-    /// when another raised it since `seen`.
-    pub async fn watch(&self, seen: &mut Option<u64>) {
-        self.0.watch_resets(seen).await;
-    }
-}
+pub use redis::ResetWatch as ResetWatcher;
 
 /// The configured store.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one store per process, made once and never moved on the hot path"
+)]
 pub enum Store {
     /// The embedded, in-process store.
     Memory(MemoryStore),
@@ -188,7 +149,7 @@ impl Store {
     pub fn quota_share(&self) -> Option<QuotaShare> {
         match self {
             Store::Memory(_) => None,
-            Store::Redis(store) => Some(QuotaShare(store.clone())),
+            Store::Redis(store) => Some(store.quotas()),
         }
     }
 
@@ -202,7 +163,7 @@ impl Store {
     pub fn views(&self) -> Option<ViewShare> {
         match self {
             Store::Memory(_) => None,
-            Store::Redis(store) => Some(ViewShare(store.clone())),
+            Store::Redis(store) => Some(store.views()),
         }
     }
 
@@ -245,7 +206,7 @@ impl Store {
     pub fn reset_watcher(&self) -> Option<ResetWatcher> {
         match self {
             Store::Memory(_) => None,
-            Store::Redis(store) => Some(ResetWatcher(store.clone())),
+            Store::Redis(store) => Some(store.watch()),
         }
     }
 

@@ -369,7 +369,11 @@ async fn a_pushed_set_costs_a_bounded_factor_of_its_size_and_replaced_ones_do_no
         most / bytes,
         mb(back)
     );
-    assert!(most <= 100 * bytes, "a set costs {}x its size", most / bytes);
+    assert!(
+        most <= 100 * bytes,
+        "a set costs {}x its size",
+        most / bytes
+    );
     let (second, fourth) = (above(held[1]), above(held[3]));
     let first = above(held[0]);
     assert!(

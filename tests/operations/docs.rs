@@ -467,3 +467,64 @@ fn the_readme_stays_short() {
         "the README is {lines} lines: it is a newcomer's five minutes; move detail to docs/"
     );
 }
+
+/// Every source file docs/ARCHITECTURE.md names (`` `store/redis/pool.rs` ``,
+/// or `` `pool.rs` `` where the text is about one folder) is a file under
+/// `src/`: the map does not name rooms that are gone.
+#[test]
+fn every_file_the_architecture_names_exists() {
+    let page = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).expect("the page");
+    let mut files = Vec::new();
+    let mut stack = vec![root().join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a folder").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root().join("src")) {
+                files.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut named = Vec::new();
+    let mut missing = Vec::new();
+    for (i, part) in page.split('`').enumerate() {
+        // Inside backticks, and a file name (a folder ends with `/`).
+        let name = part.trim_end_matches('/');
+        let file = name.ends_with(".rs") || name.ends_with(".lua");
+        if i % 2 == 1 && !name.contains(' ') && (file || part.ends_with('/')) {
+            named.push(name.to_owned());
+            let found = root().join(name).exists()
+                || files.iter().any(|f| {
+                    f == name
+                        || f.ends_with(&format!("/{name}"))
+                        || (!file
+                            && (f.starts_with(&format!("{name}/"))
+                                || f.contains(&format!("/{name}/"))))
+                });
+            if !found {
+                missing.push(name.to_owned());
+            }
+        }
+    }
+    // The diagram names files too (outside backticks): `RedisStore mod.rs`.
+    for word in page.split_whitespace() {
+        let word =
+            word.trim_matches(|c: char| !c.is_alphanumeric() && c != '.' && c != '_' && c != '/');
+        if (word.ends_with(".rs") || word.ends_with(".lua")) && !named.iter().any(|n| n == word) {
+            named.push(word.to_owned());
+            if !root().join(word).exists()
+                && !files
+                    .iter()
+                    .any(|f| f == word || f.ends_with(&format!("/{word}")))
+            {
+                missing.push(word.to_owned());
+            }
+        }
+    }
+    assert!(named.len() > 30, "the names are read: {named:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md names files that do not exist: {missing:?}"
+    );
+}

@@ -5,9 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-use super::RedisStore;
-use crate::store::StoreError;
-
 /// One breaker's state.
 #[derive(Default)]
 pub(super) struct Breaker {
@@ -66,50 +63,5 @@ impl Breaker {
     /// Makes every thread connect afresh on its next call.
     pub(super) fn reconnect(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-impl RedisStore {
-    /// Counts a transient failure. At the threshold, Redis is asked a fresh
-    /// PING before the circuit opens: calls can time out while Redis is up
-    /// (a burst of heavy requests from one client, say), and opening the
-    /// circuit then would hand everyone the failure modes. Only a Redis that
-    /// also fails the PING is treated as down.
-    pub(super) fn failed(&self, error: &StoreError) {
-        let breaker = &self.inner.breaker;
-        if !breaker.record_failure(self.inner.options.breaker_threshold) {
-            return;
-        }
-        let store = self.clone();
-        let error = error.clone();
-        tokio::spawn(async move {
-            let breaker = &store.inner.breaker;
-            let answers = store.probe().await.is_ok();
-            breaker.confirmed(!answers);
-            store.inner.events.checked(answers);
-            if answers {
-                tracing::debug!(%error, "Redis calls failed but Redis answers PING; the circuit stays closed");
-                return;
-            }
-            tracing::error!(
-                %error,
-                "Redis unavailable: answering from failure modes without waiting until it is back"
-            );
-            let mut attempts = 0u64;
-            loop {
-                tokio::time::sleep(store.inner.options.probe_interval).await;
-                attempts += 1;
-                if store.probe().await.is_ok() {
-                    // Connections made before the outage may be stuck
-                    // reconnecting: each worker makes a new one on next use.
-                    breaker.close();
-                    tracing::info!(
-                        probes = attempts,
-                        "Redis is back: deciding through Redis again"
-                    );
-                    return;
-                }
-            }
-        });
     }
 }

@@ -37,8 +37,9 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::RedisStore;
+use super::options::{BatchBounds, RedisOptions};
 use super::part::{Part, Rows, parse_reply};
+use super::receipt::Calls;
 use crate::store::StoreError;
 
 struct Queued {
@@ -53,25 +54,6 @@ enum Answer {
     Rows(Result<Rows, StoreError>),
     // Boxed: a part is large, and a lead is handed on once per call.
     Lead(Box<(Part, Instant)>),
-}
-
-/// How much one call may carry: the script runs while Redis serves no one
-/// else, so a call's size bounds everyone's wait.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchBounds {
-    /// Requests per call (`--redis-batch`); 1 sends every request alone.
-    pub requests: usize,
-    /// Checks per call; a request larger than this goes alone.
-    pub checks: usize,
-}
-
-impl Default for BatchBounds {
-    fn default() -> Self {
-        Self {
-            requests: 64,
-            checks: 1024,
-        }
-    }
 }
 
 /// One slot's queue on one thread: the requests waiting, and whether a call
@@ -172,7 +154,22 @@ thread_local! {
         std::cell::RefCell::new(HashMap::new());
 }
 
-impl RedisStore {
+/// Coalesces the requests of the moment into batch calls, over [`Calls`].
+pub(super) struct Batcher {
+    calls: Calls,
+    bounds: BatchBounds,
+    timeout: Duration,
+}
+
+impl Batcher {
+    pub(super) fn new(calls: Calls, options: &RedisOptions) -> Self {
+        Self {
+            calls,
+            bounds: options.batch,
+            timeout: options.timeout,
+        }
+    }
+
     /// Decides `part` in `slot`, in a call of its own or together with the
     /// parts queued beside it (see the module docs), by `deadline`.
     pub(super) async fn decide_part(
@@ -181,10 +178,10 @@ impl RedisStore {
         part: Part,
         deadline: Instant,
     ) -> Result<Rows, StoreError> {
-        let timeout = self.inner.options.timeout;
+        let timeout = self.timeout;
         let queue = QUEUES.with(|q| {
             q.borrow_mut()
-                .entry((self.inner.connections.id(), slot))
+                .entry((self.calls.route().id(), slot))
                 .or_default()
                 .clone()
         });
@@ -230,7 +227,7 @@ impl RedisStore {
         };
         let (part, deadline) = &*lead;
         let _leading = Leading(&queue, timeout);
-        let others = queue.take(self.inner.options.batch, part.checks.len(), timeout);
+        let others = queue.take(self.bounds, part.checks.len(), timeout);
         // The call's one timer: the earliest deadline of its parts.
         let until = others
             .iter()
@@ -243,7 +240,7 @@ impl RedisStore {
             // Boxed with its timer: the client's future is large, and every
             // request's future would carry (and move) both; only a leader
             // sends.
-            Box::pin(self.send(slot, &parts, until)).await
+            Box::pin(self.calls.send(slot, &parts, until)).await
         };
         deliver(part.checks.len(), others, reply)
     }

@@ -18,7 +18,7 @@ use super::options::{RedisOptions, RedisTarget, redact};
 use crate::store::StoreError;
 
 /// One thread's multiplexed connection to one server.
-type Conn = ConnectionManager;
+pub(super) type Conn = ConnectionManager;
 
 /// How often the sentinels are asked where the master is.
 const SENTINEL_POLL: Duration = Duration::from_secs(1);

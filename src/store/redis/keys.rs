@@ -73,6 +73,47 @@ impl KeyNames {
         }
     }
 
+    /// The domain and entries of a counter's name (`prefix` taken off
+    /// already): `{domain|k=v|...}:fw:...`, as [`KeyNames::of`] writes it;
+    /// `None` for any other key (a call's receipt, the reset epoch, a
+    /// malformed escape).
+    pub(super) fn parse(name: &str) -> Option<(String, Vec<(String, String)>)> {
+        let inner = name.strip_prefix('{')?;
+        let end = inner.find('}')?;
+        // Counters only (a call's receipt shares the hash tag, not the form).
+        let code = inner[end + 1..].strip_prefix(':')?.split(':').next()?;
+        if ![
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+        ]
+        .iter()
+        .any(|&a| algorithm_code(a) == code)
+        {
+            return None;
+        }
+        let mut parts = inner[..end].split('|');
+        let domain = unescape(parts.next()?)?;
+        let mut entries = Vec::new();
+        for part in parts {
+            let (k, v) = part.split_once('=')?;
+            entries.push((unescape(k)?, unescape(v)?));
+        }
+        Some((domain, entries))
+    }
+
+    /// A SCAN `MATCH` pattern for every key of `domain` under `prefix`.
+    pub(super) fn domain_pattern(prefix: &str, domain: &str) -> String {
+        let mut pattern = String::new();
+        glob_escape(prefix, &mut pattern);
+        pattern.push('{');
+        let mut escaped = String::new();
+        escape_into(&mut escaped, domain);
+        glob_escape(&escaped, &mut pattern);
+        pattern.push_str("|*");
+        pattern
+    }
+
     /// The first key (the current window's): the one whose slot is the
     /// check's.
     pub(super) fn first(&self) -> &str {
@@ -115,7 +156,7 @@ pub(super) fn quota_key_names(
 }
 
 /// Appends `text` with `%`, `|`, `=`, `{` and `}` percent-encoded.
-pub(super) fn escape_into(out: &mut String, text: &str) {
+fn escape_into(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -128,8 +169,18 @@ pub(super) fn escape_into(out: &mut String, text: &str) {
     }
 }
 
+/// Appends `text` with the glob characters of SCAN's MATCH escaped.
+fn glob_escape(text: &str, out: &mut String) {
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
 /// The text [`escape_into`] encoded; `None` for a malformed escape.
-pub(super) fn unescape(text: &str) -> Option<String> {
+fn unescape(text: &str) -> Option<String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find('%') {
@@ -191,6 +242,37 @@ mod tests {
     use crate::period::Unit;
     use proptest::prelude::*;
     use redis::cluster_routing::Slot;
+
+    #[test]
+    fn names_read_back_their_descriptor_and_other_keys_do_not() {
+        let mut key = CounterKey::new("api", Algorithm::SlidingWindow, Unit::Minute);
+        key.entry("user", "a|b=c");
+        key.entry("path", "/login%");
+        let name = KeyNames::of("tollgate:", &key, 5)
+            .into_names()
+            .next()
+            .expect("a name");
+        let (domain, entries) = KeyNames::parse(&name["tollgate:".len()..]).expect("parsed");
+        assert_eq!(domain, "api");
+        assert_eq!(
+            entries,
+            [
+                ("user".into(), "a|b=c".into()),
+                ("path".into(), "/login%".into())
+            ]
+        );
+        assert_eq!(
+            KeyNames::parse("{api|user=ann}:call:seed.1"),
+            None,
+            "a receipt"
+        );
+        assert_eq!(KeyNames::parse("{resets}:epoch"), None);
+        assert_eq!(KeyNames::parse("{api|user=a%zz}:fw:minute:1"), None);
+        assert_eq!(
+            KeyNames::domain_pattern("t*:", "a?[b]"),
+            "t\\*:{a\\?\\[b\\]|*"
+        );
+    }
 
     #[test]
     fn names_are_readable_and_share_a_slot() {

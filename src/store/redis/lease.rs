@@ -28,7 +28,6 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use super::RedisStore;
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError, refused};
@@ -172,15 +171,17 @@ impl Drop for Refills<'_> {
     }
 }
 
-impl RedisStore {
+impl Leases {
     /// Decides a request with leased checks: from local leases where they
-    /// suffice, else through Redis with a grab for each leased check.
-    pub(super) async fn decide_leased(
+    /// suffice, else by `exact` (Redis, all or nothing) with a grab for each
+    /// leased check beside the request's own.
+    pub(super) async fn decide(
         &self,
         checks: &mut [Check],
         now: Nanos,
+        exact: impl AsyncFnOnce(&mut [Check]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let leases = &self.inner.leases;
+        let leases = self;
         let taken = leases.take(checks, now);
         if taken.len() == checks.len() {
             return Ok(());
@@ -218,7 +219,7 @@ impl RedisStore {
         }
         // Boxed: most leased requests are answered above without waiting,
         // and should not carry (and move) the Redis path's future.
-        let decided = Box::pin(self.decide_exact(&mut asked, now)).await;
+        let decided = Box::pin(exact(&mut asked)).await;
         if let Err(e) = decided {
             leases.give_back(checks, &taken);
             return Err(e);

@@ -23,17 +23,41 @@
 //! if it ran, stay spent (the error is on the side of refusing). This only
 //! applies while a slot migrates.
 
-use super::RedisStore;
+use std::time::Duration;
+
 use super::keys::Slot;
 use super::msgpack;
+use super::options::RedisOptions;
 use super::part::{FIELDS, Part, Rows, ScriptCheck, parse_reply};
+use super::refund::Refunds;
+use super::route::Route;
+use super::script::{Lua, Script};
 use crate::store::StoreError;
 use redis::Value;
 
-impl RedisStore {
+/// Decides key by key on a slot being migrated, over a [`Route`].
+pub(super) struct Migrating {
+    route: Route,
+    batch: Lua,
+    peek: Lua,
+    refunds: Refunds,
+    timeout: Duration,
+}
+
+impl Migrating {
+    pub(super) fn new(route: Route, refunds: Refunds, options: &RedisOptions) -> Self {
+        Self {
+            route,
+            batch: Lua::of(Script::Batch),
+            peek: Lua::of(Script::Peek),
+            refunds,
+            timeout: options.timeout,
+        }
+    }
+
     /// Decides `part` on `slot`, which is being migrated, by the request's
     /// `deadline`: as the batch script would, one key per call.
-    pub(super) async fn decide_migrating(
+    pub(super) async fn decide(
         &self,
         slot: Slot,
         part: &Part,
@@ -78,7 +102,7 @@ impl RedisStore {
         };
         match tokio::time::timeout_at(deadline, decide).await {
             Ok(rows) => rows,
-            Err(_) => Err(StoreError::Timeout(self.inner.options.timeout)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
 
@@ -95,7 +119,7 @@ impl RedisStore {
             Some(key) => Some(self.peek(slot, key).await?),
             None => None,
         };
-        let mut inv = self.inner.scripts.batch.prepare_invoke();
+        let mut inv = self.batch.prepare_invoke();
         inv.key(keys.current);
         let mut args = msgpack::Writer::array(3 + FIELDS);
         args.uint(1).uint(1).uint(now_us);
@@ -108,7 +132,7 @@ impl RedisStore {
             given.uint(value);
             inv.arg(given.into_bytes());
         }
-        let reply = self.invoke(slot, &inv).await?;
+        let reply = self.route.invoke(slot, &inv).await?;
         parse_reply(reply, 1)?
             .pop()
             .ok_or_else(|| StoreError::Script("no row from the batch script".into()))
@@ -116,9 +140,9 @@ impl RedisStore {
 
     /// The value of counter `key` (0 when there is none), read alone.
     async fn peek(&self, slot: Slot, key: &str) -> Result<u64, StoreError> {
-        let mut inv = self.inner.scripts.peek.prepare_invoke();
+        let mut inv = self.peek.prepare_invoke();
         inv.key(key);
-        Ok(match self.invoke(slot, &inv).await? {
+        Ok(match self.route.invoke(slot, &inv).await? {
             Value::BulkString(bytes) => counter_value(&bytes),
             Value::SimpleString(text) => counter_value(text.as_bytes()),
             Value::Int(n) => u64::try_from(n).unwrap_or(0),
@@ -133,19 +157,16 @@ impl RedisStore {
             if !allowed || check.charge == 0 {
                 continue;
             }
-            let mut inv = self.inner.scripts.refund.prepare_invoke();
-            inv.key(keys.current);
             let interval = if check.code == b't' {
                 (check.start_or_period / u64::from(check.limit.max(1))).max(1)
             } else {
                 1
             };
-            inv.arg(char::from(check.code).to_string())
-                .arg(check.charge)
-                .arg(interval);
-            let refunded =
-                tokio::time::timeout(self.inner.options.timeout, self.invoke(slot, &inv)).await;
-            if !matches!(refunded, Ok(Ok(_))) {
+            let refunded = self
+                .refunds
+                .key(slot, keys.current, (check.code, check.charge, interval))
+                .await;
+            if refunded.is_err() {
                 tracing::warn!(
                     "giving back a refused request's hits on a migrating Cluster slot failed; they stay spent"
                 );

@@ -20,6 +20,17 @@
 //! until it answers. The outage and the recovery are logged once each. On a
 //! Cluster each master has a breaker of its own (see cluster/mod.rs), and a call
 //! with no answer is taken back if it runs late (see receipt.rs).
+//!
+//! **Layers.** Each owns its state and calls only the one below:
+//! [`RedisStore`] (this file: leases, then the per-second split) over a
+//! [`pool::Pool`] per Redis (the over-limit cache, the breaker, the
+//! deadline) over [`slots::Exact`] (all or nothing across hash slots,
+//! refunds, migrating slots) over [`coalesce::Batcher`] (one call for the
+//! requests of the moment) over [`receipt::Calls`] (a call and its
+//! receipt) over [`route::Route`] (one server, or a Cluster with a breaker
+//! per master, cluster/mod.rs). Resets, shared views and the quota
+//! exchange are types of their own over a `Route` (reset.rs, views.rs,
+//! quota.rs).
 
 mod breaker;
 mod cluster;
@@ -35,61 +46,47 @@ mod options;
 mod over_limit;
 mod part;
 mod per_second;
+mod pool;
 mod quota;
 mod receipt;
 mod refund;
 mod reset;
+mod route;
 mod script;
 mod slots;
 mod views;
 
 use std::sync::Arc;
 
-use super::{Check, StoreError};
+use super::{Check, ResetError, StoreError};
 use crate::clock::Nanos;
-use breaker::Breaker;
-pub use coalesce::BatchBounds;
-use conn::Connections;
-use error::redis_error;
-use events::Events;
 pub use events::RedisEvents;
-use keys::Slot;
-use options::config_error;
-pub use options::{RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
+use lease::Leases;
+pub use options::{BatchBounds, RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
+use pool::Pool;
+use quota::Quotas;
 pub use quota::{QuotaExchange, QuotaTotals};
-use redis::Value;
-pub use reset::{RESET_WATCH_EVERY, Wanted};
-use script::Invocation;
-use script::Scripts;
-
-struct Inner {
-    options: RedisOptions,
-    /// This thread's connection, fresh ones for probes, Sentinel.
-    connections: Connections,
-    scripts: Scripts,
-    breaker: Arc<Breaker>,
-    /// Confirming PINGs and cancellations, for `/metrics`.
-    events: Arc<Events>,
-    /// Cluster routing: the slot map and each master's health.
-    cluster: Option<cluster::Cluster>,
-    over_limit: Option<OverLimitCache>,
-    /// Local balances of leased keys (`consistency: leased`).
-    leases: lease::Leases,
-    /// The per-second pool: a store of its own for limits of one second.
-    per_second: Option<RedisStore>,
-}
+pub use reset::{RESET_WATCH_EVERY, ResetWatch, Wanted};
+use views::Views;
 
 /// The Redis or Redis Cluster store.
-#[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    target: RedisTarget,
+    /// The Redis of every limit, or of every limit but those of one second.
+    main: Pool,
+    /// The per-second pool: limits of one second, on a Redis of their own.
+    per_second: Option<Pool>,
+    /// Local balances of leased keys (`consistency: leased`).
+    leases: Arc<Leases>,
+    views: Views,
+    quotas: Quotas,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("target", &self.inner.options.target)
+            .field("target", &self.target)
             .field("circuit_open", &self.circuit_open())
             .finish_non_exhaustive()
     }
@@ -98,212 +95,229 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// A store for `options`. Connects lazily; see [`RedisStore::ping`].
     pub fn new(options: RedisOptions) -> Result<Self, StoreError> {
-        // A brace would break the hash tag that keeps a descriptor's keys in one slot.
-        if options.prefix.contains(['{', '}']) {
-            return Err(StoreError::Config(format!(
-                "Redis key prefix '{}' must not contain '{{' or '}}'",
-                options.prefix
-            )));
-        }
-        let urls = match &options.target {
-            RedisTarget::Standalone(url) => vec![url.as_str()],
-            RedisTarget::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
-            RedisTarget::Sentinel { sentinels, .. } => {
-                sentinels.iter().map(String::as_str).collect()
-            }
-        };
-        if cfg!(not(feature = "insecure-redis-tls"))
-            && urls.iter().any(|u| u.ends_with("#insecure"))
-        {
-            return Err(StoreError::Config(
-                "this build does not skip Redis certificate checks (#insecure): give Redis's CA with --redis-tls-ca (or build with --features insecure-redis-tls)".into(),
-            ));
-        }
-        // Validate the target now, so a bad URL stops start-up.
-        match &options.target {
-            RedisTarget::Standalone(url) => {
-                redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
-            }
-            RedisTarget::Cluster(nodes) => {
-                redis::cluster::ClusterClient::new(nodes.clone())
-                    .map_err(|e| config_error(&nodes.join(","), &e))?;
-            }
-            RedisTarget::Sentinel {
-                master,
-                sentinels,
-                master_prefix,
-            } => {
-                if master.is_empty() || sentinels.is_empty() {
-                    return Err(StoreError::Config(
-                        "Redis Sentinel needs the master's name and at least one sentinel".into(),
-                    ));
-                }
-                for url in sentinels {
-                    redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
-                }
-                let example = format!("{master_prefix}127.0.0.1:6379");
-                redis::Client::open(example.as_str()).map_err(|e| config_error(&example, &e))?;
-            }
-        }
+        options.validate()?;
         let per_second = match &options.per_second {
             None => None,
-            Some(options) => {
-                let mut options = (**options).clone();
-                options.per_second = None;
-                Some(RedisStore::new(options)?)
+            Some(pool) => {
+                let mut pool = (**pool).clone();
+                pool.per_second = None;
+                pool.validate()?;
+                Some(Pool::new(&pool))
             }
         };
-        let cluster = match &options.target {
-            RedisTarget::Cluster(nodes) => Some(cluster::Cluster::new(nodes.clone())),
-            _ => None,
-        };
+        let main = Pool::new(&options);
         Ok(Self {
-            inner: Arc::new(Inner {
-                connections: Connections::new(&options),
-                over_limit: options.over_limit_cache.then(OverLimitCache::default),
-                options,
-                scripts: Scripts::default(),
-                breaker: Arc::default(),
-                events: Arc::default(),
-                cluster,
-                leases: lease::Leases::default(),
-                per_second,
-            }),
+            views: Views::new(main.route().clone(), &options),
+            quotas: Quotas::new(main.route().clone(), &options),
+            target: options.target,
+            main,
+            per_second,
+            leases: Arc::default(),
         })
+    }
+
+    /// The pools, the main one first.
+    fn pools(&self) -> impl Iterator<Item = &Pool> {
+        std::iter::once(&self.main).chain(&self.per_second)
+    }
+
+    /// `checks` by the pool that holds each (the per-second pool's first),
+    /// leaving out a pool none of them is in.
+    fn pools_of(&self, checks: &[Check]) -> Vec<(&Pool, Vec<Check>)> {
+        let (pooled, main): (Vec<Check>, Vec<Check>) = checks
+            .iter()
+            .cloned()
+            .partition(|c| self.per_second.is_some() && per_second::is_per_second(c));
+        let mut pools = Vec::with_capacity(2);
+        if let Some(pool) = &self.per_second
+            && !pooled.is_empty()
+        {
+            pools.push((pool, pooled));
+        }
+        if !main.is_empty() {
+            pools.push((&self.main, main));
+        }
+        pools
     }
 
     /// Whether a circuit is open: Redis considered down or, on a Cluster,
     /// at least one master (whose slots get the failure modes).
     pub fn circuit_open(&self) -> bool {
-        self.inner.breaker.is_open()
-            || self
-                .inner
-                .cluster
-                .as_ref()
-                .is_some_and(|c| !c.open_masters().is_empty())
+        self.main.circuit_open()
     }
 
     /// The breaker's confirming PINGs and the cancellations of calls with
     /// no answer, this store's and its per-second pool's together.
     pub fn events(&self) -> RedisEvents {
-        let own = self.inner.events.snapshot();
-        match &self.inner.per_second {
-            Some(pool) => own + pool.events(),
-            None => own,
-        }
+        self.pools()
+            .map(Pool::events)
+            .fold(RedisEvents::default(), |a, b| a + b)
     }
 
     /// Cluster masters whose circuit is open (none off a Cluster).
     pub fn open_masters(&self) -> Vec<String> {
-        self.inner
-            .cluster
-            .as_ref()
-            .map(cluster::Cluster::open_masters)
-            .unwrap_or_default()
-    }
-
-    /// Runs `inv`: on the server (standalone, or Sentinel's master), or on
-    /// the Cluster master serving `slot`.
-    async fn invoke(&self, slot: Slot, inv: &Invocation<'_>) -> Result<Value, StoreError> {
-        if self.inner.cluster.is_some() {
-            // Boxed: large, and Cluster only.
-            return Box::pin(self.invoke_cluster(slot, inv)).await;
-        }
-        let mut conn = self.inner.connections.shared(&self.inner.breaker).await?;
-        inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
+        self.main.route().open_masters()
     }
 
     /// Sends PING on this thread's connection (each master's, on a
     /// Cluster), within the store's timeout; the per-second pool's too.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        if self.inner.cluster.is_some() {
-            Box::pin(self.ping_cluster()).await?;
-        } else {
-            self.inner.connections.ping(&self.inner.breaker).await?;
+        for pool in self.pools() {
+            pool.ping().await?;
         }
-        match &self.inner.per_second {
-            Some(per_second) => Box::pin(per_second.ping()).await,
-            None => Ok(()),
-        }
+        Ok(())
     }
 
-    /// Connects afresh and sends PING, within the probe timeout (see
-    /// [`Connections::probe`]).
+    /// Connects afresh and sends PING, within the probe timeout.
     pub async fn probe(&self) -> Result<(), StoreError> {
-        if self.inner.cluster.is_some() {
-            return Box::pin(self.ping_cluster()).await;
-        }
-        self.inner.connections.probe(&self.inner.breaker).await
+        self.main.probe().await
     }
 
-    /// Decides `checks` at `now`, all or nothing.
+    /// The instances' shared views of who is limited.
+    pub fn views(&self) -> ViewShare {
+        ViewShare(self.views.clone())
+    }
+
+    /// The quota service's exchange between instances.
+    pub fn quotas(&self) -> QuotaShare {
+        QuotaShare(self.quotas.clone())
+    }
+
+    /// Decides `checks` at `now`, all or nothing: from leases where they
+    /// suffice, then in Redis (across the per-second pool when it holds
+    /// some of them).
     pub async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
         if checks.iter().any(|c| c.lease > 0) {
-            return self.decide_leased(checks, now).await;
+            let exact = async |asked: &mut [Check]| self.decide_exact(asked, now).await;
+            return self.leases.decide(checks, now, exact).await;
         }
         self.decide_exact(checks, now).await
     }
 
-    /// Decides `checks` at `now` in Redis, all or nothing: on this store,
-    /// or across it and the per-second pool.
+    /// Decides `checks` at `now` in Redis, all or nothing: on the main
+    /// pool, or across it and the per-second pool.
     async fn decide_exact(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
-        if let Some(per_second) = &self.inner.per_second
+        if let Some(per_second) = &self.per_second
             && checks.iter().any(per_second::is_per_second)
         {
             // Boxed: only with a per-second pool; every request's future
             // would carry it otherwise.
-            return Box::pin(self.decide_split(per_second, checks, now)).await;
+            return Box::pin(per_second::decide_split(
+                &self.main, per_second, checks, now,
+            ))
+            .await;
         }
-        self.decide_here(checks, now).await
+        self.main.decide(checks, now).await
     }
 
-    /// Decides `checks` at `now` in this store's Redis, all or nothing.
-    async fn decide_here(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
-        // Before the circuit: a key known to be over its limit stays refused
-        // while Redis is down, whatever the failure mode says.
-        if let Some(cache) = &self.inner.over_limit
-            && cache.answer(checks, now)
-        {
-            return Ok(());
+    /// Deletes the counters of `checks` at `now` (a sliding window's
+    /// previous window too), each on the Redis that holds it; every instance
+    /// forgets what it remembers of them. Returns how many existed.
+    pub async fn reset(&self, checks: &[Check], now: Nanos) -> Result<usize, StoreError> {
+        let mut deleted = 0;
+        for (pool, checks) in self.pools_of(checks) {
+            deleted += pool.counters().delete_checks(&checks, now).await?;
+            pool.forget(&checks);
+            self.leases.forget(&checks);
         }
-        // (A Cluster's masters have a breaker each: see cluster.rs.)
-        if self.inner.breaker.is_open() {
-            return Err(StoreError::CircuitOpen);
+        self.main.counters().announce().await;
+        Ok(deleted)
+    }
+
+    /// Deletes every counter of `domain` that `wanted` accepts (`None`:
+    /// all), here and in the per-second pool: at most `max` of them (more:
+    /// nothing is deleted). Every instance forgets what it remembers.
+    pub(crate) async fn reset_bulk(
+        &self,
+        domain: &str,
+        wanted: Option<Wanted<'_>>,
+        max: usize,
+    ) -> Result<usize, ResetError> {
+        let mut found = Vec::new();
+        let mut total = 0;
+        for pool in self.pools() {
+            let names = Box::pin(pool.counters().matching(domain, wanted, max))
+                .await
+                .map_err(ResetError::Store)?;
+            total += names.len();
+            found.push((pool, names));
         }
-        // One bound for the decision, from now: connecting (first use, or
-        // after an outage) and the script calls. The coalescer holds each
-        // request to it (see coalesce.rs) with one timer per script call, not
-        // one per request. A refusal is final once decided: the Cluster
-        // refund runs after, under its own bound, so a slow refund can never
-        // turn a refusal into a failure-mode admission.
-        let deadline = tokio::time::Instant::now() + self.inner.options.timeout;
-        let result = self.call(checks, now, deadline).await;
-        match result {
-            Ok(groups) => {
-                self.inner.breaker.record_ok();
-                if let Some(cache) = &self.inner.over_limit {
-                    cache.remember(checks, now);
-                }
-                if groups.len() > 1 {
-                    // Boxed: Cluster only, and large; every request's
-                    // future would carry it.
-                    Box::pin(self.keep_all_or_nothing(checks, &groups, now)).await;
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if e.is_transient() && self.inner.cluster.is_none() {
-                    self.failed(&e);
-                    // Behind Sentinel, a failing master may have been
-                    // replaced (a demoted one answers READONLY): every
-                    // worker asks the sentinels again on its next call.
-                    if matches!(self.inner.options.target, RedisTarget::Sentinel { .. }) {
-                        self.inner.breaker.reconnect();
-                    }
-                }
-                Err(e)
-            }
+        if total > max {
+            return Err(ResetError::TooMany(max));
         }
+        let mut deleted = 0;
+        for (pool, names) in found {
+            deleted += Box::pin(pool.counters().delete(names))
+                .await
+                .map_err(ResetError::Store)?;
+        }
+        self.watch().forget_all();
+        self.main.counters().announce().await;
+        Ok(deleted)
+    }
+
+    /// What an instance watches to learn of other instances' resets.
+    pub fn watch(&self) -> ResetWatch {
+        ResetWatch::new(
+            self.main.counters().clone(),
+            self.pools().filter_map(Pool::over_limit).collect(),
+            self.leases.clone(),
+        )
+    }
+}
+
+/// The instances' shared views of who is limited, in Redis.
+#[derive(Clone)]
+pub struct ViewShare(Views);
+
+impl std::fmt::Debug for ViewShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewShare").finish_non_exhaustive()
+    }
+}
+
+impl ViewShare {
+    /// Stores `view` (JSON) as `instance`'s, kept `keep` after it was
+    /// written, unless it is above `max_bytes` (then it is not written, and
+    /// the error says so).
+    pub async fn put(
+        &self,
+        instance: &str,
+        view: &str,
+        bounds: (std::time::Duration, usize),
+    ) -> Result<(), StoreError> {
+        self.0.put(instance, view, bounds).await
+    }
+
+    /// The instances' views written within `keep`, at most `max_views` of
+    /// them, each at most `max_bytes`: `(instance, view)` pairs.
+    pub async fn get(
+        &self,
+        bounds: (std::time::Duration, usize, usize),
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.0.get(bounds).await
+    }
+}
+
+/// The quota service's exchange of weights and usage between instances.
+#[derive(Clone)]
+pub struct QuotaShare(Quotas);
+
+impl std::fmt::Debug for QuotaShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaShare").finish_non_exhaustive()
+    }
+}
+
+impl QuotaShare {
+    /// The exchange for `exchanges`, every bucket within `within`: each
+    /// bucket's totals, or why they are not known.
+    pub async fn exchange(
+        &self,
+        exchanges: &[QuotaExchange<'_>],
+        within: std::time::Duration,
+    ) -> Vec<Result<QuotaTotals, StoreError>> {
+        self.0.exchange(exchanges, within).await
     }
 }
 

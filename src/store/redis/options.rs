@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use redis::RedisError;
 
-use super::BatchBounds;
 use crate::store::StoreError;
 
 /// Every password in a comma-separated list of URLs replaced by `***`
@@ -109,6 +108,25 @@ pub struct RedisOptions {
     pub per_second: Option<Box<RedisOptions>>,
 }
 
+/// How much one call may carry: the script runs while Redis serves no one
+/// else, so a call's size bounds everyone's wait.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchBounds {
+    /// Requests per call (`--redis-batch`); 1 sends every request alone.
+    pub requests: usize,
+    /// Checks per call; a request larger than this goes alone.
+    pub checks: usize,
+}
+
+impl Default for BatchBounds {
+    fn default() -> Self {
+        Self {
+            requests: 64,
+            checks: 1024,
+        }
+    }
+}
+
 impl RedisOptions {
     /// Options for `target` with the defaults.
     pub fn new(target: RedisTarget) -> Self {
@@ -128,7 +146,62 @@ impl RedisOptions {
     }
 }
 
-pub(super) fn config_error(target: &str, e: &RedisError) -> StoreError {
+impl RedisOptions {
+    /// Checks what can be checked before connecting, so that a bad URL or
+    /// prefix stops start-up.
+    pub(super) fn validate(&self) -> Result<(), StoreError> {
+        // A brace would break the hash tag that keeps a descriptor's keys in one slot.
+        if self.prefix.contains(['{', '}']) {
+            return Err(StoreError::Config(format!(
+                "Redis key prefix '{}' must not contain '{{' or '}}'",
+                self.prefix
+            )));
+        }
+        let urls = match &self.target {
+            RedisTarget::Standalone(url) => vec![url.as_str()],
+            RedisTarget::Cluster(nodes) => nodes.iter().map(String::as_str).collect(),
+            RedisTarget::Sentinel { sentinels, .. } => {
+                sentinels.iter().map(String::as_str).collect()
+            }
+        };
+        if cfg!(not(feature = "insecure-redis-tls"))
+            && urls.iter().any(|u| u.ends_with("#insecure"))
+        {
+            return Err(StoreError::Config(
+                "this build does not skip Redis certificate checks (#insecure): give Redis's CA with --redis-tls-ca (or build with --features insecure-redis-tls)".into(),
+            ));
+        }
+        // Validate the target now, so a bad URL stops start-up.
+        match &self.target {
+            RedisTarget::Standalone(url) => {
+                redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+            }
+            RedisTarget::Cluster(nodes) => {
+                redis::cluster::ClusterClient::new(nodes.clone())
+                    .map_err(|e| config_error(&nodes.join(","), &e))?;
+            }
+            RedisTarget::Sentinel {
+                master,
+                sentinels,
+                master_prefix,
+            } => {
+                if master.is_empty() || sentinels.is_empty() {
+                    return Err(StoreError::Config(
+                        "Redis Sentinel needs the master's name and at least one sentinel".into(),
+                    ));
+                }
+                for url in sentinels {
+                    redis::Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+                }
+                let example = format!("{master_prefix}127.0.0.1:6379");
+                redis::Client::open(example.as_str()).map_err(|e| config_error(&example, &e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn config_error(target: &str, e: &RedisError) -> StoreError {
     StoreError::Config(format!("invalid Redis address '{}': {e}", redact(target)))
 }
 

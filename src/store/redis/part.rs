@@ -10,7 +10,8 @@ use smallvec::SmallVec;
 
 use super::msgpack;
 use super::script::{Invocation, Lua};
-use crate::store::StoreError;
+use crate::calendar::Window;
+use crate::store::{Check, StoreError, refused};
 
 /// One request's checks in one slot, as the script takes them.
 pub(super) struct Part {
@@ -61,6 +62,30 @@ pub(super) const FIELDS: usize = 9;
 
 /// Per check: allowed, remaining, wait (µs).
 pub(super) type Rows = Vec<(bool, u32, u64)>;
+
+/// One hash slot's share of a request.
+pub(super) struct Group {
+    pub(super) checks: SmallVec<[usize; 4]>,
+    /// The checks' keys, in order; shared with the script call's [`Part`].
+    pub(super) keys: Arc<[String]>,
+    /// Each check's window, in ticks (the scripts take the caller's windows).
+    pub(super) windows: SmallVec<[Window; 4]>,
+    /// Every enforced quota-mode check of the request is in this group, so
+    /// the script can apply the quota-mode rule itself.
+    pub(super) quota_here: bool,
+}
+
+impl Group {
+    /// Whether the script refused (and so committed nothing) for this group.
+    pub(super) fn refused_here(&self, checks: &[Check]) -> bool {
+        let mine = self.checks.iter().map(|&i| &checks[i]);
+        if self.quota_here {
+            refused(mine)
+        } else {
+            refused(mine.filter(|c| !c.quota_mode))
+        }
+    }
+}
 
 /// The batch script's call for `parts`: each distinct key once in KEYS (a
 /// hot key is in every part), the numbers as one MessagePack argument. The

@@ -4,14 +4,16 @@
 use futures_util::StreamExt;
 use redis::Value;
 
-use super::RedisStore;
 use super::keys::quota_key_names;
+use super::options::RedisOptions;
+use super::route::Route;
+use super::script::{Lua, Script};
 use crate::algorithm::NANOS_PER_TICK;
 use crate::calendar::Window;
 use crate::clock::Nanos;
 use crate::store::StoreError;
 
-/// One instance's report for a quota bucket: see [`RedisStore::exchange_quotas`].
+/// One instance's report for a quota bucket: see [`crate::store::QuotaShare`].
 #[derive(Debug)]
 pub struct QuotaExchange<'a> {
     /// The stream's domain.
@@ -53,7 +55,24 @@ const EXCHANGE_CONCURRENCY: usize = 16;
 /// exact in Lua's doubles.
 const MAX_WEIGHT_MILLIONTHS: f64 = 1e15;
 
-impl RedisStore {
+/// The exchange of totals between instances, in the shared Redis; cheap
+/// to clone.
+#[derive(Clone)]
+pub(super) struct Quotas {
+    route: Route,
+    script: Lua,
+    prefix: String,
+}
+
+impl Quotas {
+    pub(super) fn new(route: Route, options: &RedisOptions) -> Self {
+        Self {
+            route,
+            script: Lua::of(Script::Quota),
+            prefix: options.prefix.clone(),
+        }
+    }
+
     /// The exchange of one Tollgate instance for many rate limit quota
     /// (RLQS) buckets (see `quota.lua`): for each, records this instance's
     /// weight and what it admitted in the window, and answers the weight of
@@ -61,7 +80,7 @@ impl RedisStore {
     /// admitted in the window. The buckets of one Cluster slot go in one
     /// call (at most 256); every call together has `within`.
     /// The answers are in the order of `exchanges`.
-    pub async fn exchange_quotas(
+    pub(super) async fn exchange(
         &self,
         exchanges: &[QuotaExchange<'_>],
         within: std::time::Duration,
@@ -73,19 +92,19 @@ impl RedisStore {
         if exchanges.is_empty() {
             return results;
         }
-        if self.inner.breaker.is_open() {
+        if self.route.stopped() {
             return exchanges
                 .iter()
                 .map(|_| Err(StoreError::CircuitOpen))
                 .collect();
         }
         // Group by slot (Cluster); elsewhere any keys may share a call.
-        let clustered = self.inner.cluster.is_some();
+        let clustered = self.route.clustered();
         let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         let mut keys = Vec::with_capacity(exchanges.len());
         for (i, exchange) in exchanges.iter().enumerate() {
             let names = quota_key_names(
-                &self.inner.options.prefix,
+                &self.prefix,
                 exchange.domain,
                 exchange.entries,
                 exchange.window.index,
@@ -145,7 +164,7 @@ impl RedisStore {
             return Ok(Vec::new());
         };
         let now_us = first.now / NANOS_PER_TICK;
-        let mut invocation = self.inner.scripts.quota.prepare_invoke();
+        let mut invocation = self.script.prepare_invoke();
         for &i in members {
             invocation.key(&keys[i][0]).key(&keys[i][1]);
         }
@@ -164,7 +183,7 @@ impl RedisStore {
             let admitted = exchange.admitted.min(u64::from(u32::MAX));
             invocation.arg(weight).arg(admitted).arg(ttl_ms.max(1));
         }
-        let reply = self.invoke(invocation.slot(), &invocation).await?;
+        let reply = self.route.invoke(invocation.slot(), &invocation).await?;
         let unexpected = || StoreError::Script(format!("unexpected quota reply {reply:?}"));
         let Value::Array(items) = &reply else {
             return Err(unexpected());

@@ -2,15 +2,48 @@
 //! `cancel.lua` takes back whatever it committed if it ran, or stops it from
 //! committing if it runs later (see `batch.lua`).
 
-use super::RedisStore;
-use super::events::CancelEnd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::events::{CancelEnd, Events};
 use super::keys::{Slot, hash_tag};
+use super::options::RedisOptions;
 use super::part::{Part, batch_call};
-use super::script::Invocation;
+use super::route::Route;
+use super::script::{Invocation, Lua, Script};
 use crate::store::StoreError;
 use redis::Value;
 
-impl RedisStore {
+/// Batch calls with receipts, over a [`Route`].
+pub(super) struct Calls {
+    route: Route,
+    batch: Lua,
+    cancel: Lua,
+    prefix: String,
+    timeout: Duration,
+    probe_interval: Duration,
+    /// Cancellations, for `/metrics`.
+    events: Arc<Events>,
+}
+
+impl Calls {
+    pub(super) fn new(route: Route, options: &RedisOptions, events: Arc<Events>) -> Self {
+        Self {
+            route,
+            batch: Lua::of(Script::Batch),
+            cancel: Lua::of(Script::Cancel),
+            prefix: options.prefix.clone(),
+            timeout: options.timeout,
+            probe_interval: options.probe_interval,
+            events,
+        }
+    }
+
+    /// The route the calls take.
+    pub(super) fn route(&self) -> &Route {
+        &self.route
+    }
+
     /// Sends the batch script's call for `parts` (see [`batch_call`]).
     ///
     /// The call carries a receipt (see `batch.lua`): when the answer does
@@ -25,19 +58,19 @@ impl RedisStore {
         parts: &[&Part],
         until: tokio::time::Instant,
     ) -> Result<Value, StoreError> {
-        let mut inv = batch_call(&self.inner.scripts.batch, parts);
+        let mut inv = batch_call(&self.batch, parts);
         inv.yields_to_migration = true;
         let receipt = self.receipt(parts);
         inv.key(receipt.as_str())
             .arg(self.receipt_ttl().as_millis() as u64);
         let mut unsettled = Unsettled {
-            store: self,
+            calls: self,
             slot,
             inv: &inv,
             armed: true,
         };
-        let timeout = self.inner.options.timeout;
-        let reply = match tokio::time::timeout_at(until, self.invoke(slot, &inv)).await {
+        let timeout = self.timeout;
+        let reply = match tokio::time::timeout_at(until, self.route.invoke(slot, &inv)).await {
             Ok(reply) => reply,
             Err(_) => Err(StoreError::Timeout(timeout)),
         };
@@ -64,8 +97,8 @@ impl RedisStore {
             .and_then(|t| std::str::from_utf8(t).ok())
             .unwrap_or("");
         let n = RECEIPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut key = String::with_capacity(self.inner.options.prefix.len() + tag.len() + 32);
-        key.push_str(&self.inner.options.prefix);
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + 32);
+        key.push_str(&self.prefix);
         key.push('{');
         key.push_str(tag);
         key.push_str("}:call:");
@@ -77,8 +110,8 @@ impl RedisStore {
 
     /// How long a receipt (and a cancellation) stands: long enough for a
     /// cancellation sent at the deadline to find the call it follows.
-    fn receipt_ttl(&self) -> std::time::Duration {
-        (self.inner.options.timeout * 10).clamp(
+    fn receipt_ttl(&self) -> Duration {
+        (self.timeout * 10).clamp(
             std::time::Duration::from_secs(1),
             std::time::Duration::from_secs(60),
         )
@@ -90,22 +123,23 @@ impl RedisStore {
     /// the breaker is closed, for up to [`CANCEL_FOR`]. Whichever of the two
     /// runs first, the request spends nothing (see `cancel.lua`).
     fn cancel(&self, slot: Slot, inv: &Invocation<'_>) {
-        let store = self.clone();
+        let route = self.route.clone();
+        let script = self.cancel.clone();
         let keys = inv.keys().to_vec();
         let ttl = self.receipt_ttl();
-        let cancelling = self.inner.events.cancelling();
+        let cancelling = self.events.cancelling();
+        let interval = self.probe_interval;
         tokio::spawn(async move {
-            let mut cancel = store.inner.scripts.cancel.prepare_invoke();
+            let mut cancel = script.prepare_invoke();
             for key in &keys {
                 cancel.key(key.as_slice());
             }
             cancel.arg(ttl.as_millis() as u64);
-            let options = &store.inner.options;
-            let within = store.inner.connections.probe_within();
+            let within = route.probe_within();
             let until = tokio::time::Instant::now() + CANCEL_FOR;
             loop {
-                if !store.slot_open(slot) {
-                    let sent = tokio::time::timeout(within, store.invoke(slot, &cancel)).await;
+                if !route.slot_open(slot) {
+                    let sent = tokio::time::timeout(within, route.invoke(slot, &cancel)).await;
                     match sent {
                         Ok(Ok(_)) => return cancelling.ended(CancelEnd::Delivered),
                         Ok(Err(error)) if !error.is_transient() => {
@@ -121,7 +155,7 @@ impl RedisStore {
                     );
                     return cancelling.ended(CancelEnd::Abandoned);
                 }
-                tokio::time::sleep(options.probe_interval).await;
+                tokio::time::sleep(interval).await;
             }
         });
     }
@@ -155,7 +189,7 @@ fn receipt_seed() -> &'static str {
 /// answer by the deadline, a failed connection, the caller gone), it sends
 /// the cancellation.
 struct Unsettled<'a, 'i> {
-    store: &'a RedisStore,
+    calls: &'a Calls,
     slot: Slot,
     inv: &'a Invocation<'i>,
     armed: bool,
@@ -164,7 +198,7 @@ struct Unsettled<'a, 'i> {
 impl Drop for Unsettled<'_, '_> {
     fn drop(&mut self) {
         if self.armed {
-            self.store.cancel(self.slot, self.inv);
+            self.calls.cancel(self.slot, self.inv);
         }
     }
 }

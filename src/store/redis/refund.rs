@@ -1,77 +1,50 @@
-//! All or nothing across Cluster hash slots: the hits a refused request
-//! committed in other slots are given back.
+//! Giving hits back (`refund.lua`): what a refused request committed in
+//! other hash slots (Cluster), on the other side of the per-second pool, or
+//! key by key on a slot being migrated, so that a refused request spends
+//! nothing. A refund that fails leaves the hits spent: the error is only
+//! ever on the side of refusing, and the caller logs it.
 
-use super::keys::Slot;
+use std::time::Duration;
+
 use futures_util::future::join_all;
 
-use super::RedisStore;
-use super::keys::{KeyNames, script_code};
-use super::script::Invocation;
-use super::slots::Group;
+use super::keys::{KeyNames, Slot, script_code};
+use super::options::RedisOptions;
+use super::part::Group;
+use super::route::Route;
+use super::script::{Invocation, Lua, Script};
 use crate::algorithm::NANOS_PER_TICK;
 use crate::clock::Nanos;
-use crate::store::{Check, StoreError, refused};
+use crate::store::{Check, StoreError};
 
-impl RedisStore {
-    /// Across hash slots each script call is all or nothing on its own; when
-    /// one slot refused the request, the hits the others committed are given
-    /// back, so the request as a whole spends nothing. The refusal stands
-    /// whatever happens here; a refund that fails leaves those hits spent, so
-    /// the error is only ever on the side of refusing, and it is logged.
-    pub(super) async fn keep_all_or_nothing(
-        &self,
-        checks: &mut [Check],
-        groups: &[(Slot, Group)],
-        now: Nanos,
-    ) {
-        let ro: &[Check] = checks;
-        // A group refused on its own (and wrote nothing) only when the whole
-        // request is refused (see `Group::quota_here`), so nothing needs
-        // undoing unless the request is refused.
-        if !refused(ro.iter()) {
-            return;
-        }
-        let timeout = self.inner.options.timeout;
-        let committed = groups.iter().filter(|(_, g)| !g.refused_here(ro));
-        if let Err(error) = self.refund_groups(ro, committed).await {
-            tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
-            return;
-        }
-        // As on one slot (and in memory), the admitted checks of a refused
-        // request report what is left without it: read once more, spending
-        // nothing, now that the refund is in.
-        let deadline = tokio::time::Instant::now() + timeout;
-        let rereads =
-            groups
-                .iter()
-                .filter(|(_, g)| !g.refused_here(ro))
-                .map(|(slot, group)| async move {
-                    let rows = self
-                        .decide_group(*slot, group, ro, now, false, deadline)
-                        .await?;
-                    Ok::<_, StoreError>((group, rows))
-                });
-        let Ok(rereads) = tokio::time::timeout_at(deadline, join_all(rereads)).await else {
-            return;
-        };
-        for (group, rows) in rereads.into_iter().flatten() {
-            for (&i, (_, left, _)) in group.checks.iter().zip(rows) {
-                if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
-                    outcome.remaining = left;
-                }
-            }
+/// Refund calls over a [`Route`]; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Refunds {
+    route: Route,
+    refund: Lua,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl Refunds {
+    pub(super) fn new(route: Route, options: &RedisOptions) -> Self {
+        Self {
+            route,
+            refund: Lua::of(Script::Refund),
+            prefix: options.prefix.clone(),
+            timeout: options.timeout,
         }
     }
 
     /// Gives back what the admitted checks of `groups` committed (each
     /// group one script call of its slot), within the store's timeout.
-    pub(super) async fn refund_groups<'g>(
+    pub(super) async fn groups<'g>(
         &self,
         checks: &[Check],
         groups: impl Iterator<Item = &'g (Slot, Group)>,
     ) -> Result<(), StoreError> {
         let refunds = groups.map(|(slot, group)| {
-            let mut inv = self.inner.scripts.refund.prepare_invoke();
+            let mut inv = self.refund.prepare_invoke();
             let mut k = 0;
             for &i in &group.checks {
                 let c = &checks[i];
@@ -85,11 +58,56 @@ impl RedisStore {
                 };
                 refund_args(&mut inv, c, committed);
             }
-            async move { self.invoke(*slot, &inv).await }
+            async move { self.route.invoke(*slot, &inv).await }
         });
-        let timeout = self.inner.options.timeout;
-        match tokio::time::timeout(timeout, join_all(refunds)).await {
-            Err(_) => Err(StoreError::Timeout(timeout)),
+        self.all(refunds).await
+    }
+
+    /// Gives back the hits the admitted `checks` spent at `now` (one request
+    /// on one Redis, refused as a whole elsewhere): one call per check,
+    /// whose keys share a slot on a Cluster too; within the store's timeout.
+    pub(super) async fn checks(&self, checks: &[Check], now: Nanos) -> Result<(), StoreError> {
+        let refunds = checks
+            .iter()
+            .filter(|c| c.outcome.is_some_and(|o| o.allowed) && c.charge() > 0)
+            .map(|check| {
+                let mut inv = self.refund.prepare_invoke();
+                let window = check.quota.window_at(now);
+                // The counter the hits went to (see refund.lua).
+                inv.key(KeyNames::of(&self.prefix, &check.key, window.index).first());
+                refund_args(&mut inv, check, check.charge());
+                async move { self.route.invoke(inv.slot(), &inv).await }
+            });
+        self.all(refunds).await
+    }
+
+    /// Gives back `charge` hits of counter `key` in `slot` (`code`: its
+    /// algorithm's script code; `interval`: a token bucket's, in µs),
+    /// within the store's timeout.
+    pub(super) async fn key(
+        &self,
+        slot: Slot,
+        key: &str,
+        (code, charge, interval): (u8, u64, u64),
+    ) -> Result<(), StoreError> {
+        let mut inv = self.refund.prepare_invoke();
+        inv.key(key)
+            .arg(char::from(code).to_string())
+            .arg(charge)
+            .arg(interval);
+        match tokio::time::timeout(self.timeout, self.route.invoke(slot, &inv)).await {
+            Ok(reply) => reply.map(|_| ()),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    /// Runs `refunds` together within the store's timeout: the first error.
+    async fn all(
+        &self,
+        refunds: impl Iterator<Item = impl Future<Output = Result<redis::Value, StoreError>>>,
+    ) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.timeout, join_all(refunds)).await {
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
             Ok(results) => results
                 .into_iter()
                 .find_map(Result::err)
@@ -100,7 +118,7 @@ impl RedisStore {
 
 /// One check's arguments for `refund.lua`: its algorithm, the `hits` to give
 /// back, and the interval between a token bucket's tokens (µs).
-pub(super) fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64) {
+fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64) {
     let period = (check.quota.period / NANOS_PER_TICK).max(1);
     let interval = period / u64::from(check.quota.limit.max(1));
     inv.arg(script_code(check.algorithm))

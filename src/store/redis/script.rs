@@ -1,7 +1,9 @@
-//! How a script is sent: every script the store uses ([`Scripts`], each a
-//! `.lua` file beside this one), by its SHA1 or its source ([`Lua`]), and
-//! one call of it ([`Invocation`]), behind `ASKING` on a Cluster slot being
-//! migrated.
+//! How a script is sent: every script the store uses (each a `.lua` file
+//! beside this one, made by its constructor on [`Lua`]), by its SHA1 or its
+//! source, and one call of it ([`Invocation`]), behind `ASKING` on a
+//! Cluster slot being migrated. Each layer holds the scripts it sends.
+
+use std::sync::Arc;
 
 use super::keys::{Slot, slot_of};
 use redis::Value;
@@ -14,57 +16,62 @@ const ALGORITHMS: &str = concat!(
 );
 
 /// Every script the store sends, each a `.lua` file beside this one.
-pub(super) struct Scripts {
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Script {
     /// Decides the checks of one call's parts (the three algorithms, then
     /// the batch driver, `batch.lua`).
-    pub(super) batch: Lua,
+    Batch,
     /// Gives back what checks spent (`refund.lua`).
-    pub(super) refund: Lua,
+    Refund,
     /// Takes back a call that ran late, by its receipt (`cancel.lua`).
-    pub(super) cancel: Lua,
+    Cancel,
     /// Deletes counters (`reset.lua`).
-    pub(super) reset: Lua,
-    /// Raises or reads the reset epoch (`epoch.lua`).
-    pub(super) epoch: Lua,
+    Reset,
+    /// Raises the reset epoch (`epoch.lua`).
+    Epoch,
     /// Publishes and reads the instances' views of who is limited
     /// (`views.lua`).
-    pub(super) views: Lua,
+    Views,
     /// The quota service's totals exchange (`quota.lua`).
-    pub(super) quota: Lua,
+    Quota,
     /// Reads one counter (`peek.lua`): a sliding window's previous window on
     /// a slot being migrated.
-    pub(super) peek: Lua,
-}
-
-impl Default for Scripts {
-    fn default() -> Self {
-        let lua = |source: &str| Lua::new(source.to_owned());
-        Self {
-            batch: Lua::new(format!("{ALGORITHMS}{}", include_str!("batch.lua"))),
-            refund: lua(include_str!("refund.lua")),
-            cancel: lua(include_str!("cancel.lua")),
-            reset: lua(include_str!("reset.lua")),
-            epoch: lua(include_str!("epoch.lua")),
-            views: lua(include_str!("views.lua")),
-            quota: lua(include_str!("quota.lua")),
-            peek: lua(include_str!("peek.lua")),
-        }
-    }
+    Peek,
 }
 
 /// A Lua script: its SHA1 for `EVALSHA`, and its source for `EVAL` when
 /// Redis does not have it (a restart, a failover, a node new to a slot).
+/// Cheap to clone: a layer that sends it from a task of its own (a
+/// cancellation) takes a copy.
+#[derive(Clone)]
 pub(super) struct Lua {
-    hash: String,
-    code: String,
+    hash: Arc<str>,
+    code: Arc<str>,
 }
 
 impl Lua {
     pub(super) fn new(code: String) -> Self {
         Self {
-            hash: redis::Script::new(&code).get_hash().to_owned(),
-            code,
+            hash: redis::Script::new(&code).get_hash().into(),
+            code: code.into(),
         }
+    }
+
+    /// The script `script`.
+    pub(super) fn of(script: Script) -> Self {
+        let source = match script {
+            Script::Batch => {
+                return Self::new(format!("{ALGORITHMS}{}", include_str!("batch.lua")));
+            }
+            Script::Refund => include_str!("refund.lua"),
+            Script::Cancel => include_str!("cancel.lua"),
+            Script::Reset => include_str!("reset.lua"),
+            Script::Epoch => include_str!("epoch.lua"),
+            Script::Views => include_str!("views.lua"),
+            Script::Quota => include_str!("quota.lua"),
+            Script::Peek => include_str!("peek.lua"),
+        };
+        Self::new(source.to_owned())
     }
 
     /// A call of this script, its keys and arguments to be added.
@@ -126,9 +133,9 @@ impl Invocation<'_> {
             redis::cmd("EVALSHA")
         };
         cmd.arg(if source {
-            &self.lua.code
+            &*self.lua.code
         } else {
-            &self.lua.hash
+            &*self.lua.hash
         })
         .arg(self.keys.len());
         for key in &self.keys {

@@ -1,58 +1,69 @@
-//! A request's checks grouped by hash slot (one group on a standalone
-//! Redis), each group one script call, and each check's script arguments.
+//! Exact decisions across hash slots: a request's checks grouped by slot
+//! (one group on a standalone Redis), each group one script call through
+//! the batcher (or key by key on a slot being migrated), all or nothing
+//! across the groups: what a refused request committed in other slots is
+//! given back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::keys::{self, KeyNames, Slot, script_code};
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
-use super::RedisStore;
-
-use super::options::RedisTarget;
-use super::part::{Part, Rows, ScriptCheck};
+use super::coalesce::Batcher;
+use super::events::Events;
+use super::migration::Migrating;
+use super::options::RedisOptions;
+use super::part::{Group, Part, Rows, ScriptCheck};
+use super::receipt::Calls;
+use super::refund::Refunds;
+use super::route::Route;
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
-use crate::calendar::Window;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError, refused};
 
-/// One hash slot's share of a request.
-pub(super) struct Group {
-    pub(super) checks: SmallVec<[usize; 4]>,
-    /// The checks' keys, in order; shared with the script call's [`Part`].
-    pub(super) keys: Arc<[String]>,
-    /// Each check's window, in ticks (the scripts take the caller's windows).
-    pub(super) windows: SmallVec<[Window; 4]>,
-    /// Every enforced quota-mode check of the request is in this group, so
-    /// the script can apply the quota-mode rule itself.
-    pub(super) quota_here: bool,
+/// A request's groups, one per hash slot it touches.
+pub(super) type Groups = SmallVec<[(Slot, Group); 2]>;
+
+/// All-or-nothing decisions over a [`Batcher`].
+pub(super) struct Exact {
+    batcher: Batcher,
+    refunds: Refunds,
+    migrating: Migrating,
+    prefix: String,
+    clustered: bool,
+    timeout: Duration,
 }
 
-impl Group {
-    /// Whether the script refused (and so committed nothing) for this group.
-    pub(super) fn refused_here(&self, checks: &[Check]) -> bool {
-        let mine = self.checks.iter().map(|&i| &checks[i]);
-        if self.quota_here {
-            refused(mine)
-        } else {
-            refused(mine.filter(|c| !c.quota_mode))
+impl Exact {
+    pub(super) fn new(route: &Route, options: &RedisOptions, events: Arc<Events>) -> Self {
+        let refunds = Refunds::new(route.clone(), options);
+        Self {
+            batcher: Batcher::new(Calls::new(route.clone(), options, events), options),
+            migrating: Migrating::new(route.clone(), refunds.clone(), options),
+            refunds,
+            prefix: options.prefix.clone(),
+            clustered: route.clustered(),
+            timeout: options.timeout,
         }
     }
-}
 
-impl RedisStore {
-    pub(super) async fn call(
+    /// Decides `checks` at `now` by `deadline`, each slot's group in one
+    /// call (all or nothing within it); returns the groups. A refusal
+    /// across groups is made whole by [`Exact::keep_all_or_nothing`].
+    pub(super) async fn decide(
         &self,
         checks: &mut [Check],
         now: Nanos,
         deadline: tokio::time::Instant,
-    ) -> Result<SmallVec<[(Slot, Group); 2]>, StoreError> {
-        let cluster = matches!(self.inner.options.target, RedisTarget::Cluster(_));
+    ) -> Result<Groups, StoreError> {
+        let cluster = self.clustered;
         let mut groups: SmallVec<[(Slot, Group); 2]> = SmallVec::new();
         let mut names_of: SmallVec<[SmallVec<[String; 4]>; 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
             let window = check.quota.window_at(now);
-            let names = KeyNames::of(&self.inner.options.prefix, &check.key, window.index);
+            let names = KeyNames::of(&self.prefix, &check.key, window.index);
             let slot = if cluster {
                 keys::slot_of(names.first().as_bytes())
             } else {
@@ -138,7 +149,7 @@ impl RedisStore {
             .zip(&answered)
             .filter(|((_, g), answered)| **answered && !g.refused_here(ro))
             .map(|(g, _)| g);
-        if let Err(refund) = self.refund_groups(ro, committed).await {
+        if let Err(refund) = self.refunds.groups(ro, committed).await {
             tracing::warn!(error = %refund, "refund after a failed Cluster slot failed; the hits its other slots took stay spent");
         }
         for check in checks.iter_mut() {
@@ -151,7 +162,7 @@ impl RedisStore {
     /// spends nothing): with the other requests of the moment in one call
     /// (coalesce.rs), or key by key while the slot is being migrated
     /// (migration.rs).
-    pub(super) async fn decide_group(
+    async fn decide_group(
         &self,
         slot: Slot,
         group: &Group,
@@ -161,11 +172,11 @@ impl RedisStore {
         deadline: tokio::time::Instant,
     ) -> Result<Rows, StoreError> {
         let part = self.part(group, checks, now, spend);
-        match self.decide_part(slot, part, deadline).await {
+        match self.batcher.decide_part(slot, part, deadline).await {
             Err(StoreError::Migrating) => {
                 // Boxed: rare, and every request's future would carry it.
                 let part = self.part(group, checks, now, spend);
-                Box::pin(self.decide_migrating(slot, &part, deadline)).await
+                Box::pin(self.migrating.decide(slot, &part, deadline)).await
             }
             rows => rows,
         }
@@ -174,7 +185,7 @@ impl RedisStore {
     /// One slot's checks of a request, as the batch script takes them;
     /// `spend: false` asks each check with zero hits (what is left,
     /// spending nothing).
-    pub(super) fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
+    fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
         let args = group.checks.iter().zip(&group.windows).map(|(&i, window)| {
             let c = &checks[i];
             let (start_or_period, end_or_burst) = match c.algorithm {
@@ -205,6 +216,63 @@ impl RedisStore {
             keys: group.keys.clone(),
             now_us: now / NANOS_PER_TICK,
             checks: args.collect(),
+        }
+    }
+
+    /// Across hash slots each script call is all or nothing on its own; when
+    /// one slot refused the request, the hits the others committed are given
+    /// back, so the request as a whole spends nothing. The refusal stands
+    /// whatever happens here; a refund that fails leaves those hits spent, so
+    /// the error is only ever on the side of refusing, and it is logged.
+    pub(super) async fn keep_all_or_nothing(
+        &self,
+        checks: &mut [Check],
+        groups: &[(Slot, Group)],
+        now: Nanos,
+    ) {
+        let ro: &[Check] = checks;
+        // A group refused on its own (and wrote nothing) only when the whole
+        // request is refused (see `Group::quota_here`), so nothing needs
+        // undoing unless the request is refused.
+        if !refused(ro.iter()) {
+            return;
+        }
+        let committed = groups.iter().filter(|(_, g)| !g.refused_here(ro));
+        if let Err(error) = self.refunds.groups(ro, committed).await {
+            tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
+            return;
+        }
+        // As on one slot (and in memory), the admitted checks of a refused
+        // request report what is left without it: read once more, spending
+        // nothing, now that the refund is in.
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let rereads =
+            groups
+                .iter()
+                .filter(|(_, g)| !g.refused_here(ro))
+                .map(|(slot, group)| async move {
+                    let rows = self
+                        .decide_group(*slot, group, ro, now, false, deadline)
+                        .await?;
+                    Ok::<_, StoreError>((group, rows))
+                });
+        let Ok(rereads) = tokio::time::timeout_at(deadline, join_all(rereads)).await else {
+            return;
+        };
+        for (group, rows) in rereads.into_iter().flatten() {
+            for (&i, (_, left, _)) in group.checks.iter().zip(rows) {
+                if let Some(outcome) = checks[i].outcome.as_mut().filter(|o| o.allowed) {
+                    outcome.remaining = left;
+                }
+            }
+        }
+    }
+
+    /// Takes back the hits the admitted `checks` spent at `now` (one request
+    /// on this Redis, refused as a whole on another: the per-second pool).
+    pub(super) async fn give_back(&self, checks: &[Check], now: Nanos) {
+        if let Err(error) = self.refunds.checks(checks, now).await {
+            tracing::warn!(%error, "refund across the per-second Redis pool failed; the refused request's hits stay spent");
         }
     }
 }

@@ -5,25 +5,47 @@
 //! written and before they are read, dated by Redis's clock, and dropped
 //! once their instance stops writing (`views.lua`).
 
-use super::RedisStore;
+use std::time::Duration;
+
 use super::keys::slot_of;
+use super::options::RedisOptions;
+use super::route::{Route, within};
+use super::script::{Lua, Script};
 use crate::store::StoreError;
 
-impl RedisStore {
+/// The instances' views, kept in the shared Redis; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Views {
+    route: Route,
+    script: Lua,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl Views {
+    pub(super) fn new(route: Route, options: &RedisOptions) -> Self {
+        Self {
+            route,
+            script: Lua::of(Script::Views),
+            prefix: options.prefix.clone(),
+            timeout: options.timeout,
+        }
+    }
+
     /// The hash of views (one hash tag: one slot).
     fn views_key(&self) -> String {
-        format!("{}{{limited}}:views", self.inner.options.prefix)
+        format!("{}{{limited}}:views", self.prefix)
     }
 
     /// When each instance last wrote its view (Redis's clock, ms).
     fn written_key(&self) -> String {
-        format!("{}{{limited}}:written", self.inner.options.prefix)
+        format!("{}{{limited}}:written", self.prefix)
     }
 
     /// Stores `view` (JSON) as `instance`'s, kept `keep` after it was
     /// written, unless it is above `max_bytes` (then it is not written, and
     /// the error says so); drops the views of instances silent for longer.
-    pub(crate) async fn put_view(
+    pub(super) async fn put(
         &self,
         instance: &str,
         view: &str,
@@ -31,7 +53,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = self.views_key();
         let written = self.written_key();
-        let mut inv = self.inner.scripts.views.prepare_invoke();
+        let mut inv = self.script.prepare_invoke();
         inv.key(key.as_str())
             .key(written.as_str())
             .arg("put")
@@ -39,9 +61,11 @@ impl RedisStore {
             .arg(view)
             .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX))
             .arg(max_bytes);
-        match self
-            .bounded(self.invoke(slot_of(key.as_bytes()), &inv))
-            .await?
+        match within(
+            self.timeout,
+            self.route.invoke(slot_of(key.as_bytes()), &inv),
+        )
+        .await?
         {
             redis::Value::Int(1) => Ok(()),
             _ => Err(StoreError::Script(format!(
@@ -54,22 +78,24 @@ impl RedisStore {
     /// The instances' views written within `keep` (by Redis's clock; a
     /// date ahead of it is not recent), each at most `max_bytes` (larger
     /// ones are not read), at most `max_views` of them: `(instance, JSON)`.
-    pub(crate) async fn views(
+    pub(super) async fn get(
         &self,
         (keep, max_bytes, max_views): (std::time::Duration, usize, usize),
     ) -> Result<Vec<(String, String)>, StoreError> {
         let key = self.views_key();
         let written = self.written_key();
-        let mut inv = self.inner.scripts.views.prepare_invoke();
+        let mut inv = self.script.prepare_invoke();
         inv.key(key.as_str())
             .key(written.as_str())
             .arg("get")
             .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX))
             .arg(max_bytes)
             .arg(max_views);
-        let reply = self
-            .bounded(self.invoke(slot_of(key.as_bytes()), &inv))
-            .await?;
+        let reply = within(
+            self.timeout,
+            self.route.invoke(slot_of(key.as_bytes()), &inv),
+        )
+        .await?;
         let flat: Vec<String> = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Script(format!("views: {e}")))?;
         Ok(flat
@@ -79,16 +105,5 @@ impl RedisStore {
                 _ => None,
             })
             .collect())
-    }
-
-    /// `call` within the store's timeout.
-    pub(super) async fn bounded<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let timeout = self.inner.options.timeout;
-        tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))?
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -18,38 +18,38 @@ const SLOTS: usize = 16_384;
 const UNSERVED: u16 = u16::MAX;
 
 /// One master (or a node a redirection named).
-pub(in crate::store::redis) struct Node {
+pub(super) struct Node {
     /// Key of its connections in each thread's connection table.
-    pub(in crate::store::redis) id: usize,
+    pub(super) id: usize,
     /// `host:port`.
-    pub(in crate::store::redis) addr: String,
+    pub(super) addr: String,
     /// The seed URL with this node's address: the same scheme, credentials
     /// and TLS.
-    pub(in crate::store::redis) url: String,
-    pub(in crate::store::redis) breaker: Breaker,
+    pub(super) url: String,
+    pub(super) breaker: Breaker,
 }
 
 /// Which master serves each slot.
-pub(super) struct Topology {
+struct Topology {
     /// Per slot, an index into `masters` or [`UNSERVED`].
-    pub(super) owner: Box<[u16]>,
-    pub(super) masters: Vec<Arc<Node>>,
+    owner: Box<[u16]>,
+    masters: Vec<Arc<Node>>,
 }
 
 impl Topology {
-    pub(super) fn empty() -> Self {
+    fn empty() -> Self {
         Self {
             owner: vec![UNSERVED; SLOTS].into_boxed_slice(),
             masters: Vec::new(),
         }
     }
 
-    pub(super) fn owner(&self, slot: u16) -> Option<&Arc<Node>> {
+    fn owner(&self, slot: u16) -> Option<&Arc<Node>> {
         self.masters.get(usize::from(self.owner[usize::from(slot)]))
     }
 
     /// Slots `node` serves.
-    pub(super) fn slots_of(&self, node: &Node) -> usize {
+    fn slots_of(&self, node: &Node) -> usize {
         let Some(index) = self.masters.iter().position(|m| m.id == node.id) else {
             return 0;
         };
@@ -60,23 +60,24 @@ impl Topology {
     }
 }
 
-/// A Cluster's slot map and the nodes Tollgate has met.
-pub(in crate::store::redis) struct Cluster {
-    pub(super) seeds: Vec<String>,
-    pub(super) topology: ArcSwap<Topology>,
+/// A Cluster's slot map, the nodes Tollgate has met, and when the map was
+/// read.
+pub(super) struct Map {
+    seeds: Vec<String>,
+    topology: ArcSwap<Topology>,
     /// Every node met, by address: a node keeps its health (and its
     /// threads' connections) across slot maps.
-    pub(super) nodes: parking_lot::Mutex<HashMap<String, Arc<Node>>>,
+    nodes: parking_lot::Mutex<HashMap<String, Arc<Node>>>,
     /// Held while the slot map is read; `version` counts the reads done.
-    pub(super) refreshing: tokio::sync::Mutex<()>,
-    pub(super) version: AtomicU64,
+    refreshing: tokio::sync::Mutex<()>,
+    version: AtomicU64,
     /// When the last read started, in ms since `epoch`.
-    pub(super) last_refresh: AtomicU64,
-    pub(super) epoch: Instant,
+    last_refresh: AtomicU64,
+    epoch: Instant,
 }
 
-impl Cluster {
-    pub(in crate::store::redis) fn new(seeds: Vec<String>) -> Self {
+impl Map {
+    pub(super) fn new(seeds: Vec<String>) -> Self {
         Self {
             seeds,
             topology: ArcSwap::from_pointee(Topology::empty()),
@@ -86,6 +87,65 @@ impl Cluster {
             last_refresh: AtomicU64::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    /// The seeds' URLs, as given.
+    pub(super) fn seeds(&self) -> &[String] {
+        &self.seeds
+    }
+
+    /// The master serving `slot`, by the last map read.
+    pub(super) fn owner(&self, slot: u16) -> Option<Arc<Node>> {
+        self.topology.load().owner(slot).cloned()
+    }
+
+    /// Whether the map has no master yet (never read, or read empty).
+    pub(super) fn is_empty(&self) -> bool {
+        self.topology.load().masters.is_empty()
+    }
+
+    /// Slots `node` serves by the last map read.
+    pub(super) fn slots_of(&self, node: &Node) -> usize {
+        self.topology.load().slots_of(node)
+    }
+
+    /// How many reads of the map were done.
+    pub(super) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Whether a read in the background is due: none started within
+    /// `every`, and this caller won the right to start it.
+    pub(super) fn refresh_due(&self, every: std::time::Duration) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.last_refresh.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= every.as_millis() as u64
+            && self
+                .last_refresh
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Starts a read unless one finished since `version` was seen: the
+    /// guard to hold while reading, or `None` (the map is newer already).
+    pub(super) async fn start_refresh(
+        &self,
+        version: u64,
+    ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let one = self.refreshing.lock().await;
+        if self.version() != version {
+            return None;
+        }
+        self.last_refresh.store(
+            (self.epoch.elapsed().as_millis() as u64).max(1),
+            Ordering::Relaxed,
+        );
+        Some(one)
+    }
+
+    /// Every node met so far.
+    pub(super) fn known(&self) -> Vec<Arc<Node>> {
+        self.nodes.lock().values().cloned().collect()
     }
 
     /// The node at `addr`, met before or new.
@@ -105,7 +165,7 @@ impl Cluster {
     }
 
     /// Masters whose breaker is open.
-    pub(in crate::store::redis) fn open_masters(&self) -> Vec<String> {
+    pub(super) fn open_masters(&self) -> Vec<String> {
         self.topology
             .load()
             .masters
@@ -116,11 +176,12 @@ impl Cluster {
     }
 
     /// The masters of the current map.
-    pub(in crate::store::redis) fn masters(&self) -> Vec<Arc<Node>> {
+    pub(super) fn masters(&self) -> Vec<Arc<Node>> {
         self.topology.load().masters.clone()
     }
 
-    /// Installs a slot map read from a node; logs the masters that changed.
+    /// Installs a slot map read from a node (a read done: the version
+    /// moves on); logs the masters that changed.
     pub(super) fn install(&self, ranges: &[(u16, u16, String)]) {
         let mut owner = vec![UNSERVED; SLOTS].into_boxed_slice();
         let mut masters: Vec<Arc<Node>> = Vec::new();
@@ -139,6 +200,7 @@ impl Cluster {
         }
         let new = Topology { owner, masters };
         let old = self.topology.swap(Arc::new(new));
+        self.version.fetch_add(1, Ordering::AcqRel);
         let new = self.topology.load();
         if old.masters.is_empty() {
             tracing::debug!(masters = new.masters.len(), "Redis Cluster slot map read");
@@ -278,17 +340,18 @@ mod tests {
 
     #[test]
     fn a_new_map_keeps_each_nodes_health_and_serves_slots_by_it() {
-        let cluster = Cluster::new(vec!["redis://a:1".into()]);
-        cluster.install(&[(0, 100, "a:1".into()), (101, 16383, "b:2".into())]);
-        let b = cluster.topology.load().owner(200).expect("served").clone();
+        let map = Map::new(vec!["redis://a:1".into()]);
+        assert!(map.is_empty());
+        map.install(&[(0, 100, "a:1".into()), (101, 16383, "b:2".into())]);
+        assert_eq!(map.version(), 1);
+        let b = map.owner(200).expect("served");
         assert_eq!(b.addr, "b:2");
-        assert_eq!(cluster.topology.load().slots_of(&b), 16383 - 100);
+        assert_eq!(map.slots_of(&b), 16383 - 100);
         // b's replica c takes its slots: b serves none, and keeps its id.
-        cluster.install(&[(0, 100, "a:1".into()), (101, 16383, "c:3".into())]);
-        let topology = cluster.topology.load();
-        assert_eq!(topology.slots_of(&b), 0);
-        assert_eq!(topology.owner(200).expect("served").addr, "c:3");
-        assert_eq!(cluster.node("b:2").id, b.id);
-        assert!(topology.owner(0).is_some());
+        map.install(&[(0, 100, "a:1".into()), (101, 16383, "c:3".into())]);
+        assert_eq!(map.slots_of(&b), 0);
+        assert_eq!(map.owner(200).expect("served").addr, "c:3");
+        assert_eq!(map.node("b:2").id, b.id);
+        assert!(map.owner(0).is_some());
     }
 }

@@ -25,18 +25,18 @@
 mod map;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::future::select_ok;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-pub(super) use map::{Cluster, Node};
-use map::{parse_slots, seed_addr};
+use map::{Map, Node, parse_slots, seed_addr};
 
-use super::RedisStore;
+use super::conn::{Conn, Connections};
 use super::error::redis_error;
+use super::events::Events;
 use super::keys::Slot;
+use super::options::{RedisOptions, redact};
 use super::script::Invocation;
 use crate::store::StoreError;
 
@@ -47,10 +47,23 @@ const REFRESH_EVERY: Duration = Duration::from_millis(50);
 /// The longest pause between `TRYAGAIN` retries.
 const MAX_TRYAGAIN_PAUSE: Duration = Duration::from_millis(16);
 
+/// A Redis Cluster: its slot map and nodes, the connections to them, and
+/// each master's health.
+pub(super) struct Cluster {
+    map: Map,
+    connections: Connections,
+    /// Confirming PINGs, for `/metrics` (shared with the store's other
+    /// layers).
+    events: Arc<Events>,
+    timeout: Duration,
+    probe_interval: Duration,
+    breaker_threshold: u32,
+}
+
 /// Counts a failure against a node if the call is dropped before it ends
 /// (the request's deadline passed while the node had it).
 struct Pending<'a> {
-    store: &'a RedisStore,
+    cluster: &'a Arc<Cluster>,
     node: &'a Arc<Node>,
     done: bool,
 }
@@ -58,33 +71,77 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.done {
-            let timeout = self.store.inner.options.timeout;
-            self.store
+            let timeout = self.cluster.timeout;
+            self.cluster
                 .node_failed(self.node, &StoreError::Timeout(timeout));
         }
     }
 }
 
-impl RedisStore {
-    #[expect(
-        clippy::expect_used,
-        reason = "called on the Cluster path only, and a Cluster store is built with its routing"
-    )]
-    pub(super) fn cluster(&self) -> &Cluster {
-        self.inner
-            .cluster
-            .as_ref()
-            .expect("Cluster routing on a Cluster store")
+impl Cluster {
+    /// A Cluster reached through `seeds`; the map is read on first use.
+    pub(super) fn new(seeds: Vec<String>, options: &RedisOptions, events: Arc<Events>) -> Self {
+        Self {
+            map: Map::new(seeds),
+            connections: Connections::new(options),
+            events,
+            timeout: options.timeout,
+            probe_interval: options.probe_interval,
+            breaker_threshold: options.breaker_threshold,
+        }
+    }
+
+    /// The Cluster's key in each thread's caches.
+    pub(super) fn id(&self) -> usize {
+        self.connections.id()
+    }
+
+    /// How long a probe may take.
+    pub(super) fn probe_within(&self) -> Duration {
+        self.connections.probe_within()
+    }
+
+    /// This thread's connection to the master serving `slot`.
+    pub(super) async fn connection(self: &Arc<Self>, slot: Slot) -> Result<Conn, StoreError> {
+        let node = self.owner(slot).await?;
+        self.connection_to(&node).await
+    }
+
+    /// This thread's connection to every master of the map.
+    pub(super) async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
+        let mut conns = Vec::new();
+        for node in self.map.masters() {
+            conns.push(self.connection_to(&node).await?);
+        }
+        Ok(conns)
+    }
+
+    async fn connection_to(&self, node: &Node) -> Result<Conn, StoreError> {
+        self.connections
+            .shared_to(node.id, node.breaker.generation(), &node.url)
+            .await
+    }
+
+    /// `call`, within the store's timeout, its error a store error.
+    pub(super) async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        self.connections.timed(call).await
+    }
+
+    /// Masters whose circuit is open.
+    pub(super) fn open_masters(&self) -> Vec<String> {
+        self.map.open_masters()
     }
 
     /// Runs `inv` on the master serving `slot`, following redirections;
     /// the caller bounds it by the request's deadline.
-    pub(super) async fn invoke_cluster(
-        &self,
+    pub(super) async fn invoke(
+        self: &Arc<Self>,
         slot: Slot,
         inv: &Invocation<'_>,
     ) -> Result<Value, StoreError> {
-        let cluster = self.cluster();
         let mut redirect: Option<(Arc<Node>, bool)> = None;
         let mut redirects = 0;
         let mut pause = Duration::from_millis(1);
@@ -99,13 +156,9 @@ impl RedisStore {
                 self.refresh_soon();
                 return Err(StoreError::CircuitOpen);
             }
-            let mut conn = self
-                .inner
-                .connections
-                .shared_to(node.id, node.breaker.generation(), &node.url)
-                .await?;
+            let mut conn = self.connection_to(&node).await?;
             let mut pending = Pending {
-                store: self,
+                cluster: self,
                 node: &node,
                 done: false,
             };
@@ -125,9 +178,9 @@ impl RedisStore {
                     .map(|(addr, _)| match addr.strip_prefix(':') {
                         Some(port) => {
                             let host = node.addr.rsplit_once(':').map_or("", |(h, _)| h);
-                            cluster.node(&format!("{host}:{port}"))
+                            self.map.node(&format!("{host}:{port}"))
                         }
-                        None => cluster.node(addr),
+                        None => self.map.node(addr),
                     })
             };
             match error.kind() {
@@ -173,32 +226,24 @@ impl RedisStore {
         }
     }
 
-    /// Whether calls for `slot` stop at a breaker: the store's, or on a
-    /// Cluster, that of the master serving it.
+    /// Whether calls for `slot` stop at the breaker of the master serving it.
     pub(super) fn slot_open(&self, slot: Slot) -> bool {
-        self.inner.breaker.is_open()
-            || self.inner.cluster.as_ref().is_some_and(|c| {
-                c.topology
-                    .load()
-                    .owner(slot)
-                    .is_some_and(|n| n.breaker.is_open())
-            })
+        self.map.owner(slot).is_some_and(|n| n.breaker.is_open())
     }
 
     /// The master serving `slot`; the map is read first if there is none.
-    pub(super) async fn owner(&self, slot: u16) -> Result<Arc<Node>, StoreError> {
-        let cluster = self.cluster();
-        if let Some(node) = cluster.topology.load().owner(slot) {
-            return Ok(node.clone());
+    async fn owner(self: &Arc<Self>, slot: u16) -> Result<Arc<Node>, StoreError> {
+        if let Some(node) = self.map.owner(slot) {
+            return Ok(node);
         }
-        let version = cluster.version.load(Ordering::Acquire);
-        if cluster.topology.load().masters.is_empty() {
+        let version = self.map.version();
+        if self.map.is_empty() {
             // Type-erased: connecting to every node is a deep future, and
             // every request's future would carry its type.
             let refresh: futures_util::future::BoxFuture<'_, _> = Box::pin(self.refresh(version));
             refresh.await?;
-            if let Some(node) = cluster.topology.load().owner(slot) {
-                return Ok(node.clone());
+            if let Some(node) = self.map.owner(slot) {
+                return Ok(node);
             }
         } else {
             self.refresh_soon();
@@ -211,22 +256,14 @@ impl RedisStore {
 
     /// Reads the slot map in the background, unless a read is under way or
     /// one started within [`REFRESH_EVERY`].
-    fn refresh_soon(&self) {
-        let cluster = self.cluster();
-        let now = cluster.epoch.elapsed().as_millis() as u64;
-        let last = cluster.last_refresh.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < REFRESH_EVERY.as_millis() as u64
-            || cluster
-                .last_refresh
-                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-        {
+    fn refresh_soon(self: &Arc<Self>) {
+        if !self.map.refresh_due(REFRESH_EVERY) {
             return;
         }
-        let store = self.clone();
-        let version = cluster.version.load(Ordering::Acquire);
+        let cluster = self.clone();
+        let version = self.map.version();
         tokio::spawn(async move {
-            if let Err(error) = store.refresh(version).await {
+            if let Err(error) = cluster.refresh(version).await {
                 tracing::debug!(%error, "Redis Cluster slot map not read");
             }
         });
@@ -236,46 +273,37 @@ impl RedisStore {
     /// first answer wins, so hung nodes do not hold it up), unless a read
     /// finished since `version` was seen.
     async fn refresh(&self, version: u64) -> Result<(), StoreError> {
-        let cluster = self.cluster();
-        let _one = cluster.refreshing.lock().await;
-        if cluster.version.load(Ordering::Acquire) != version {
+        let Some(_one) = self.map.start_refresh(version).await else {
             return Ok(());
-        }
-        cluster.last_refresh.store(
-            (cluster.epoch.elapsed().as_millis() as u64).max(1),
-            Ordering::Relaxed,
-        );
+        };
         let mut urls: Vec<(String, String)> = Vec::new();
-        let masters = cluster.masters();
+        let masters = self.map.masters();
         // Healthy masters first, then the seeds, then the rest met so far.
-        let known: Vec<Arc<Node>> = cluster.nodes.lock().values().cloned().collect();
+        let known = self.map.known();
         let healthy = masters.iter().filter(|m| !m.breaker.is_open());
         for node in healthy.chain(known.iter()) {
             urls.push((node.addr.clone(), node.url.clone()));
         }
-        for seed in &cluster.seeds {
+        for seed in self.map.seeds() {
             urls.push((seed_addr(seed), seed.clone()));
         }
         let mut seen = std::collections::HashSet::new();
         urls.retain(|(addr, _)| seen.insert(addr.clone()));
-        let within = self.inner.connections.probe_within();
+        let within = self.connections.probe_within();
         let asks = urls.iter().map(|(addr, url)| {
             Box::pin(async move {
                 let reply = tokio::time::timeout(within, self.cluster_slots(url, within))
                     .await
-                    .map_err(|_| format!("{}: no answer within {within:?}", super::redact(url)))?
-                    .map_err(|e| format!("{}: {e}", super::redact(url)))?;
+                    .map_err(|_| format!("{}: no answer within {within:?}", redact(url)))?
+                    .map_err(|e| format!("{}: {e}", redact(url)))?;
                 parse_slots(&reply, addr)
                     .filter(|ranges| !ranges.is_empty())
-                    .ok_or_else(|| {
-                        format!("{}: unexpected CLUSTER SLOTS reply", super::redact(url))
-                    })
+                    .ok_or_else(|| format!("{}: unexpected CLUSTER SLOTS reply", redact(url)))
             })
         });
         match select_ok(asks).await {
             Ok((ranges, _)) => {
-                cluster.install(&ranges);
-                cluster.version.fetch_add(1, Ordering::AcqRel);
+                self.map.install(&ranges);
                 Ok(())
             }
             Err(last) => Err(StoreError::Redis {
@@ -287,7 +315,7 @@ impl RedisStore {
 
     /// `CLUSTER SLOTS` from the node at `url`, on a connection of its own.
     async fn cluster_slots(&self, url: &str, within: Duration) -> Result<Value, RedisError> {
-        let mut conn = self.inner.connections.fresh_to(url, within).await?;
+        let mut conn = self.connections.fresh_to(url, within).await?;
         redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut conn)
@@ -296,9 +324,9 @@ impl RedisStore {
 
     /// PING to one node on a connection of its own, within the probe timeout.
     async fn probe_node(&self, node: &Node) -> Result<(), StoreError> {
-        let within = self.inner.connections.probe_within();
+        let within = self.connections.probe_within();
         let ping = async {
-            let mut conn = self.inner.connections.fresh_to(&node.url, within).await?;
+            let mut conn = self.connections.fresh_to(&node.url, within).await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await
         };
         match tokio::time::timeout(within, ping).await {
@@ -310,11 +338,9 @@ impl RedisStore {
 
     /// Every master of the map answers PING (the map is read first): what
     /// readiness asks. The error names the masters that do not.
-    pub(super) async fn ping_cluster(&self) -> Result<(), StoreError> {
-        let cluster = self.cluster();
-        self.refresh(cluster.version.load(Ordering::Acquire))
-            .await?;
-        let masters = cluster.masters();
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        self.refresh(self.map.version()).await?;
+        let masters = self.map.masters();
         let pings = masters.iter().map(|m| async move {
             match self.probe_node(m).await {
                 Ok(()) => None,
@@ -352,26 +378,22 @@ impl RedisStore {
     /// asked a PING on a fresh connection; only a node that fails it too
     /// has its breaker opened, and then only its slots are answered from
     /// failure modes, until it answers again or its slots move.
-    pub(super) fn node_failed(&self, node: &Arc<Node>, error: &StoreError) {
-        if !node
-            .breaker
-            .record_failure(self.inner.options.breaker_threshold)
-        {
+    fn node_failed(self: &Arc<Self>, node: &Arc<Node>, error: &StoreError) {
+        if !node.breaker.record_failure(self.breaker_threshold) {
             return;
         }
-        let store = self.clone();
+        let cluster = self.clone();
         let node = node.clone();
         let error = error.clone();
         tokio::spawn(async move {
-            let answers = store.probe_node(&node).await.is_ok();
+            let answers = cluster.probe_node(&node).await.is_ok();
             node.breaker.confirmed(!answers);
-            store.inner.events.checked(answers);
+            cluster.events.checked(answers);
             if answers {
                 tracing::debug!(node = %node.addr, %error, "Redis Cluster calls failed but the node answers PING; its circuit stays closed");
                 return;
             }
-            let cluster = store.cluster();
-            let slots = cluster.topology.load().slots_of(&node);
+            let slots = cluster.map.slots_of(&node);
             tracing::error!(
                 node = %node.addr,
                 slots,
@@ -381,13 +403,13 @@ impl RedisStore {
             // Two ways back, watched at once: the node answers a probe
             // (each may wait the probe timeout on a hung node), or the slot
             // map, read every probe interval, no longer gives it slots.
-            let interval = store.inner.options.probe_interval;
+            let interval = cluster.probe_interval;
             let answers = async {
                 let mut probes = 0u64;
                 loop {
                     tokio::time::sleep(interval).await;
                     probes += 1;
-                    if store.probe_node(&node).await.is_ok() {
+                    if cluster.probe_node(&node).await.is_ok() {
                         return probes;
                     }
                 }
@@ -395,9 +417,8 @@ impl RedisStore {
             let moved = async {
                 loop {
                     tokio::time::sleep(interval).await;
-                    let version = cluster.version.load(Ordering::Acquire);
-                    let _ = store.refresh(version).await;
-                    if cluster.topology.load().slots_of(&node) == 0 {
+                    let _ = cluster.refresh(cluster.map.version()).await;
+                    if cluster.map.slots_of(&node) == 0 {
                         return;
                     }
                 }

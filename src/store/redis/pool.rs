@@ -1,0 +1,127 @@
+//! One Redis deployment (a server, Sentinel's master, or a Cluster) and how
+//! a request is decided on it: the over-limit cache, the breaker, then
+//! [`Exact`] by the request's deadline. The store has one, and a second for
+//! limits of one second when `--redis-per-second-url` is given.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::events::{Events, RedisEvents};
+use super::options::RedisOptions;
+use super::over_limit::OverLimitCache;
+use super::reset::Counters;
+use super::route::Route;
+use super::slots::Exact;
+use crate::clock::Nanos;
+use crate::store::{Check, StoreError};
+
+/// One Redis and the layers over it.
+pub(super) struct Pool {
+    route: Route,
+    exact: Exact,
+    over_limit: Option<Arc<OverLimitCache>>,
+    counters: Counters,
+    /// What the layers did in the background, for `/metrics`.
+    events: Arc<Events>,
+    timeout: Duration,
+}
+
+impl Pool {
+    /// The layers over `options`' target; connects on first use.
+    pub(super) fn new(options: &RedisOptions) -> Self {
+        let events = Arc::<Events>::default();
+        let route = Route::new(options, events.clone());
+        Self {
+            exact: Exact::new(&route, options, events.clone()),
+            counters: Counters::new(route.clone(), options),
+            over_limit: options
+                .over_limit_cache
+                .then(|| Arc::new(OverLimitCache::default())),
+            route,
+            events,
+            timeout: options.timeout,
+        }
+    }
+
+    /// Where its calls go.
+    pub(super) fn route(&self) -> &Route {
+        &self.route
+    }
+
+    /// Its counters' keys, for resets.
+    pub(super) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Its over-limit cache, when it keeps one.
+    pub(super) fn over_limit(&self) -> Option<Arc<OverLimitCache>> {
+        self.over_limit.clone()
+    }
+
+    /// Forgets what the over-limit cache knows of `checks`' keys.
+    pub(super) fn forget(&self, checks: &[Check]) {
+        if let Some(cache) = &self.over_limit {
+            cache.forget(checks);
+        }
+    }
+
+    /// Decides `checks` at `now` on this Redis, all or nothing.
+    pub(super) async fn decide(&self, checks: &mut [Check], now: Nanos) -> Result<(), StoreError> {
+        // Before the circuit: a key known to be over its limit stays refused
+        // while Redis is down, whatever the failure mode says.
+        if let Some(cache) = &self.over_limit
+            && cache.answer(checks, now)
+        {
+            return Ok(());
+        }
+        // (A Cluster's masters have a breaker each: see cluster/mod.rs.)
+        if self.route.stopped() {
+            return Err(StoreError::CircuitOpen);
+        }
+        // One bound for the decision, from now: connecting (first use, or
+        // after an outage) and the script calls. The coalescer holds each
+        // request to it (see coalesce.rs) with one timer per script call, not
+        // one per request. A refusal is final once decided: the Cluster
+        // refund runs after, under its own bound, so a slow refund can never
+        // turn a refusal into a failure-mode admission.
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let result = self.exact.decide(checks, now, deadline).await;
+        self.route.settle(&result);
+        let groups = result?;
+        if let Some(cache) = &self.over_limit {
+            cache.remember(checks, now);
+        }
+        if groups.len() > 1 {
+            // Boxed: Cluster only, and large; every request's future would
+            // carry it.
+            Box::pin(self.exact.keep_all_or_nothing(checks, &groups, now)).await;
+        }
+        Ok(())
+    }
+
+    /// Takes back what the admitted `checks` spent at `now` (refused as a
+    /// whole on the other pool).
+    pub(super) async fn give_back(&self, checks: &[Check], now: Nanos) {
+        self.exact.give_back(checks, now).await;
+    }
+
+    /// PING on this thread's connection (each master's, on a Cluster).
+    pub(super) async fn ping(&self) -> Result<(), StoreError> {
+        self.route.ping().await
+    }
+
+    /// A fresh connection and a PING, within the probe timeout.
+    pub(super) async fn probe(&self) -> Result<(), StoreError> {
+        self.route.probe().await
+    }
+
+    /// Whether a circuit is open (the server's, or a Cluster master's).
+    pub(super) fn circuit_open(&self) -> bool {
+        self.route.circuit_open()
+    }
+
+    /// What the layers did in the background.
+    pub(super) fn events(&self) -> RedisEvents {
+        self.events.snapshot()
+    }
+}
