@@ -11,8 +11,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
@@ -44,7 +42,7 @@ impl Reloader {
             settling: Mutex::new(None),
         };
         *reloader.seen.lock() = reloader.fingerprint();
-        reloader.loaded();
+        reloader.limiter.count_load(true);
         reloader
     }
 
@@ -63,10 +61,6 @@ impl Reloader {
         hasher.digest()
     }
 
-    fn loaded(&self) {
-        count_load(&self.limiter, true);
-    }
-
     /// Loads the rules now. On success they replace the rules in force; on
     /// failure the rules in force stay and the errors are returned.
     pub(crate) fn reload(&self, why: &str) -> Result<(), RuleErrors> {
@@ -81,11 +75,10 @@ impl Reloader {
                     "rules reloaded"
                 );
                 self.limiter.set_rules(rules);
-                self.loaded();
                 Ok(())
             }
             Err(errors) => {
-                count_load(&self.limiter, false);
+                self.limiter.count_load(false);
                 for e in &errors.0 {
                     tracing::error!(why, paths = ?self.paths, error = %e, "rules not reloaded; the rules in force stay");
                 }
@@ -124,19 +117,4 @@ pub(crate) fn settled(settling: &Mutex<Option<u64>>, seen: u64, now: u64) -> boo
     }
     *settling = None;
     true
-}
-
-/// Counts a rule load (`ok`: it succeeded and is in force now) in the
-/// limiter's metrics, whatever the rules came from.
-pub(crate) fn count_load(limiter: &Limiter, ok: bool) {
-    let metrics = limiter.metrics();
-    if !ok {
-        metrics.config_load_error.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    metrics.config_load_success.fetch_add(1, Ordering::Relaxed);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    metrics.config_last_success.store(now, Ordering::Relaxed);
 }

@@ -210,6 +210,24 @@ impl Limiter {
         }
         log_rule_warnings(&rules);
         self.rules.store(Arc::new(compiled::Compiled::new(rules)));
+        self.count_load(true);
+    }
+
+    /// Counts a rule load in the metrics, whatever the rules came from
+    /// (files, SIGHUP, xDS): `ok`, the rules in force now (every
+    /// [`Limiter::set_rules`] counts itself; the first load at start-up is
+    /// counted by whoever loaded it), or not (the rules in force stay).
+    pub(crate) fn count_load(&self, ok: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !ok {
+            self.metrics.config_load_error.fetch_add(1, Relaxed);
+            return;
+        }
+        self.metrics.config_load_success.fetch_add(1, Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.metrics.config_last_success.store(now, Relaxed);
     }
 
     /// Whether a request that cannot be decided (it does not decode, or it
@@ -246,7 +264,7 @@ impl Limiter {
         }
         let mut plan = Plan::default();
         let started = self.begin(request, &mut plan)?;
-        let called = Instant::now();
+        let called = self.now();
         let result = match plan.checks.is_empty() {
             true => Ok(()),
             false => self.store.decide(&mut plan.checks, self.clock.now()).await,
@@ -266,7 +284,7 @@ impl Limiter {
             Ok(started) => started,
             Err(e) => return (Err(e), None),
         };
-        let called = Instant::now();
+        let called = self.now();
         if plan.checks.is_empty() {
             return (
                 self.complete(request, started, called, &mut plan, Ok(())),
@@ -299,7 +317,7 @@ impl Limiter {
             Ok(started) => started,
             Err(e) => return Some(Err(e)),
         };
-        let called = Instant::now();
+        let called = self.now();
         let result = match plan.checks.is_empty() {
             true => Ok(()),
             false => self.store.decide_now(&mut plan.checks, self.clock.now())?,
@@ -307,10 +325,16 @@ impl Limiter {
         Some(self.complete(request, started, called, &mut plan, result))
     }
 
+    /// The wall clock, for the latency metrics; `None` when they are off
+    /// ([`LimiterOptions::timed`]).
+    fn now(&self) -> Option<Instant> {
+        self.options.timed.then(Instant::now)
+    }
+
     /// Starts a decision: fills in the plan (in place: it is large, and
     /// moving it costs), or gives the (counted) reason the request is refused.
-    fn begin(&self, request: &Request<'_>, plan: &mut Plan) -> Result<Instant, LimitError> {
-        let started = Instant::now();
+    fn begin(&self, request: &Request<'_>, plan: &mut Plan) -> Result<Option<Instant>, LimitError> {
+        let started = self.now();
         self.plan(request, plan)
             .inspect_err(|e| self.count_error(e))?;
         Ok(started)
@@ -322,8 +346,8 @@ impl Limiter {
     fn complete(
         &self,
         request: &Request<'_>,
-        started: Instant,
-        called: Instant,
+        started: Option<Instant>,
+        called: Option<Instant>,
         plan: &mut Plan,
         result: Result<(), StoreError>,
     ) -> Result<Decision, LimitError> {
@@ -331,9 +355,11 @@ impl Limiter {
             self.count_store_call(called, &result);
         }
         let decided = self.finish(request, plan, result.err());
-        let seconds = started.elapsed().as_secs_f64();
-        self.metrics.response_time.observe(seconds);
-        self.metrics.response_samples.record(seconds);
+        if let Some(started) = started {
+            let seconds = started.elapsed().as_secs_f64();
+            self.metrics.response_time.observe(seconds);
+            self.metrics.response_samples.record(seconds);
+        }
         if let (Some(observers), Ok(decision)) = (self.observers.get(), &decided) {
             for observer in observers {
                 observer.observe(request, decision);

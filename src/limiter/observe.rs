@@ -23,12 +23,14 @@ pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
 impl Limiter {
     pub(super) fn count_store_call(
         &self,
-        started: std::time::Instant,
+        started: Option<std::time::Instant>,
         result: &Result<(), StoreError>,
     ) {
-        self.metrics
-            .store_call
-            .observe(started.elapsed().as_secs_f64());
+        if let Some(started) = started {
+            self.metrics
+                .store_call
+                .observe(started.elapsed().as_secs_f64());
+        }
         let counter = match result {
             Ok(()) => return,
             Err(StoreError::Timeout(_)) => &self.metrics.store_timeout,
@@ -133,7 +135,15 @@ impl Limiter {
         enforced: bool,
     ) {
         let level = self.options.refusal_log;
-        if level == RefusalLog::Off {
+        // Nothing is built for a line no one reads (the level filtered out).
+        let shown = match level {
+            RefusalLog::Off => false,
+            RefusalLog::Warn => {
+                tracing::enabled!(target: crate::logging::REFUSAL_TARGET, tracing::Level::WARN)
+            }
+            _ => tracing::enabled!(target: crate::logging::REFUSAL_TARGET, tracing::Level::INFO),
+        };
+        if !shown {
             return;
         }
         let second = self.clock.now() / NANOS_PER_SEC;

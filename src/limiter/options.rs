@@ -35,6 +35,10 @@ pub struct LimiterOptions {
     /// The most refusal lines a second (`--refusal-log-rate`); one key is
     /// logged at most once a second whatever this says.
     pub refusal_log_rate: u32,
+    /// Whether a decision reads the wall clock for the latency metrics
+    /// (`tollgate_response_time_seconds`, the store call's): off where wall
+    /// time means nothing (a simulation, whose clock is simulated).
+    pub timed: bool,
 }
 
 /// At which level refusals are logged.
@@ -100,6 +104,7 @@ impl Default for LimiterOptions {
             max_label_bytes: 128,
             refusal_log: RefusalLog::Info,
             refusal_log_rate: 100,
+            timed: true,
         }
     }
 }

@@ -40,6 +40,7 @@ impl ServeArgs {
             max_label_bytes: self.max_label_bytes,
             refusal_log: self.limited.log_refusals.into(),
             refusal_log_rate: self.limited.refusal_log_rate,
+            timed: true,
         }
     }
 

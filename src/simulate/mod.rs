@@ -160,6 +160,9 @@ pub(crate) fn load_traffic(sim: &Simulation) -> Result<(Traffic, Vec<String>), S
                 events.extend(more);
                 notes.append(&mut said);
             }
+            // The first file's events are the list itself: a copy of
+            // millions of events costs more than reading them.
+            None if events.is_empty() => events = traffic::read_jsonl(path)?,
             None => events.extend(traffic::read_jsonl(path)?),
         }
         if events.len() > sim.max_events {

@@ -3,12 +3,11 @@
 //! simulated clock, counting per rule.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::traffic::Event;
+use super::traffic::{Entries, Event};
 use crate::clock::{ManualClock, NANOS_PER_SEC, Nanos};
 use crate::limiter::{Descriptor, Limiter, LimiterOptions, Request};
 use crate::report::{Bin, RuleResult, ScenarioResult};
@@ -21,7 +20,11 @@ const MAX_CLIENTS: usize = 100_000;
 
 struct Tracking {
     result: RuleResult,
-    clients: HashMap<String, u64>,
+    /// Refusals by client (the refused descriptor's entries, shared with
+    /// the traffic: no text is made until the report).
+    clients: hashbrown::HashMap<Entries, u64>,
+    /// Refusals of clients past [`MAX_CLIENTS`].
+    others: u64,
     limit: u32,
 }
 
@@ -64,7 +67,8 @@ pub(crate) fn replay<E: Borrow<Event>>(
                 top_refused: Vec::new(),
                 series: vec![Bin::default(); bins],
             },
-            clients: HashMap::new(),
+            clients: hashbrown::HashMap::new(),
+            others: 0,
             limit: limit.requests_per_unit,
         });
     }
@@ -74,6 +78,9 @@ pub(crate) fn replay<E: Borrow<Event>>(
         Arc::new(clock.clone()),
         LimiterOptions {
             response_headers: false,
+            // A replay reports refusals itself, and its clock is simulated.
+            refusal_log: crate::limiter::RefusalLog::Off,
+            timed: false,
             ..LimiterOptions::default()
         },
     );
@@ -125,14 +132,14 @@ pub(crate) fn replay<E: Borrow<Event>>(
                 if over {
                     r.refused += 1;
                     r.series[slot].refused += 1;
-                    let client: String = entries_text(&event.descriptors[i]);
+                    let client = &event.descriptors[i];
                     let tracked = t.clients.len();
-                    match t.clients.get_mut(&client) {
+                    match t.clients.get_mut(client) {
                         Some(c) => *c += 1,
                         None if tracked < MAX_CLIENTS => {
-                            t.clients.insert(client, 1);
+                            t.clients.insert(client.clone(), 1);
                         }
-                        None => *t.clients.entry("(others)".into()).or_default() += 1,
+                        None => t.others += 1,
                     }
                 } else {
                     r.admitted += 1;
@@ -153,7 +160,14 @@ pub(crate) fn replay<E: Borrow<Event>>(
         .into_iter()
         .filter(|t| t.result.requests > 0)
         .map(|mut t| {
-            let mut top: Vec<(String, u64)> = t.clients.into_iter().collect();
+            let mut top: Vec<(String, u64)> = t
+                .clients
+                .iter()
+                .map(|(client, &n)| (entries_text(client), n))
+                .collect();
+            if t.others > 0 {
+                top.push(("(others)".into(), t.others));
+            }
             top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             top.truncate(10);
             t.result.top_refused = top;

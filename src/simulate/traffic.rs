@@ -26,16 +26,33 @@ pub(crate) type Descriptors = smallvec::SmallVec<[Entries; 1]>;
 /// values, and a replay that reads them from a few places runs faster than
 /// one chasing a fresh allocation per request.
 #[derive(Debug, Default)]
-pub(crate) struct Strings(std::collections::HashMap<Box<str>, Arc<str>>);
+pub(crate) struct Strings {
+    all: hashbrown::HashSet<Arc<str>>,
+    /// The last domain and the last first key: most lines repeat both.
+    last: [Option<Arc<str>>; 2],
+}
 
 impl Strings {
     /// The shared copy of `text`.
     pub(crate) fn get(&mut self, text: &str) -> Arc<str> {
-        if let Some(shared) = self.0.get(text) {
+        if let Some(shared) = self.all.get(text) {
             return shared.clone();
         }
         let shared: Arc<str> = text.into();
-        self.0.insert(text.into(), shared.clone());
+        self.all.insert(shared.clone());
+        shared
+    }
+
+    /// The shared copy of `text`, which is most often what it was the last
+    /// time for this `role` (0: a domain, 1: a first key).
+    fn get_repeated(&mut self, role: usize, text: &str) -> Arc<str> {
+        if let Some(last) = &self.last[role]
+            && **last == *text
+        {
+            return last.clone();
+        }
+        let shared = self.get(text);
+        self.last[role] = Some(shared.clone());
         shared
     }
 }
@@ -60,23 +77,52 @@ struct Line<'a> {
     timestamp: Timestamp<'a>,
     #[serde(borrow)]
     domain: std::borrow::Cow<'a, str>,
+    /// Inline for one descriptor (most lines): no allocation of its own.
     #[serde(default, borrow)]
-    descriptors: Vec<LineDescriptor<'a>>,
+    descriptors: smallvec::SmallVec<[LineDescriptor<'a>; 1]>,
     #[serde(default, alias = "hits_addend")]
     hits_addend: u32,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A line's `timestamp`: Unix seconds as a number, or text. (Read by a
+/// visitor of its own: serde's untagged enums buffer every value first.)
 enum Timestamp<'a> {
     Seconds(f64),
-    Text(#[serde(borrow)] std::borrow::Cow<'a, str>),
+    Text(std::borrow::Cow<'a, str>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Timestamp<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = Timestamp<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("Unix seconds as a number, or an RFC 3339 time")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Timestamp::Seconds(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Timestamp::Seconds(v as f64))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Timestamp::Seconds(v as f64))
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Timestamp::Text(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Timestamp::Text(v.to_owned().into()))
+            }
+        }
+        deserializer.deserialize_any(Visitor(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
 struct LineDescriptor<'a> {
     #[serde(default, borrow)]
-    entries: Vec<LineEntry<'a>>,
+    entries: smallvec::SmallVec<[LineEntry<'a>; 2]>,
 }
 
 #[derive(Deserialize)]
@@ -111,26 +157,34 @@ fn seconds_to_nanos(seconds: f64) -> Result<Nanos, String> {
 /// One JSON line as an event.
 #[cfg(test)]
 pub(crate) fn parse_line(line: &str) -> Result<Event, String> {
-    parse_line_sharing(line, &mut Strings::default())
+    parse_bytes_sharing(line.as_bytes(), &mut Strings::default())
 }
 
-/// One JSON line as an event, its strings shared through `strings`.
-pub(crate) fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Event, String> {
-    let parsed: Line = serde_json::from_str(line).map_err(|e| e.to_string())?;
+/// One JSON line (its bytes) as an event, its strings shared through
+/// `strings`.
+fn parse_bytes_sharing(line: &[u8], strings: &mut Strings) -> Result<Event, String> {
+    let parsed: Line = serde_json::from_slice(line).map_err(|e| e.to_string())?;
     let at = match parsed.timestamp {
         Timestamp::Seconds(s) => seconds_to_nanos(s)?,
         Timestamp::Text(t) => parse_time(&t)?,
     };
     Ok(Event {
         at,
-        domain: strings.get(&parsed.domain),
+        domain: strings.get_repeated(0, &parsed.domain),
         descriptors: parsed
             .descriptors
             .into_iter()
             .map(|d| {
                 d.entries
                     .into_iter()
-                    .map(|e| (strings.get(&e.key), strings.get(&e.value)))
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let key = match i {
+                            0 => strings.get_repeated(1, &e.key),
+                            _ => strings.get(&e.key),
+                        };
+                        (key, strings.get(&e.value))
+                    })
                     .collect()
             })
             .collect(),
@@ -141,16 +195,29 @@ pub(crate) fn parse_line_sharing(line: &str, strings: &mut Strings) -> Result<Ev
 /// Every event of a JSON lines file; an error names the file and line.
 pub(crate) fn read_jsonl(path: &Path) -> Result<Vec<Event>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut events = Vec::new();
+    // Room for the events at once (a line is rarely under 100 bytes), not
+    // doubled and copied as they come; unused room is never touched.
+    let size = file.metadata().map_or(0, |m| m.len());
+    let mut events = Vec::with_capacity(usize::try_from(size / 100).unwrap_or(0).min(1 << 24));
     let mut strings = Strings::default();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
-        if line.trim().is_empty() {
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    // One buffer for every line, not an allocation each; its strings are
+    // checked as UTF-8 by the parser, not the whole line first.
+    let mut line = Vec::new();
+    for i in 1.. {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("{}:{i}: {e}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        if line.trim_ascii().is_empty() {
             continue;
         }
         events.push(
-            parse_line_sharing(&line, &mut strings)
-                .map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?,
+            parse_bytes_sharing(&line, &mut strings)
+                .map_err(|e| format!("{}:{i}: {e}", path.display()))?,
         );
     }
     Ok(events)

@@ -39,7 +39,6 @@ pub(crate) use connect::XdsTls;
 
 use crate::health::Health;
 use crate::limiter::Limiter;
-use crate::reload::count_load;
 use crate::rules::{LoadOptions, load_sources};
 
 /// The exponential backoff between streams that failed after opening.
@@ -390,11 +389,10 @@ fn apply(
         Ok(rules) => {
             let domains = rules.domain_count();
             limiter.set_rules(rules);
-            count_load(limiter, true);
             Ok(domains)
         }
         Err(e) => {
-            count_load(limiter, false);
+            limiter.count_load(false);
             Err(e)
         }
     }

@@ -338,6 +338,7 @@ mod tests {
         .expect("a store (it connects on first use)");
         let mut checks: Vec<Check> = Vec::new();
         let size = std::mem::size_of_val(&store.decide(&mut checks, 0));
+        eprintln!("RedisStore::decide: {size} bytes");
         assert!(size <= 2_048, "RedisStore::decide's future is {size} bytes");
     }
 }
