@@ -107,6 +107,16 @@ fn check(args: &CheckArgs) -> ExitCode {
             );
         }
     }
+    if let Some(path) = &args.envoy_config {
+        match envoy_coverage(path, &rules, args) {
+            Ok(true) => {}
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if !args.against.is_empty() {
         match load_paths(&args.against, &options) {
             Ok(old) => {
@@ -141,4 +151,41 @@ fn check(args: &CheckArgs) -> ExitCode {
         }
         Ok(()) => ExitCode::SUCCESS,
     }
+}
+
+/// `check --envoy-config`: prints what the cross-check found; false when a
+/// finding is an error by the flags.
+fn envoy_coverage(
+    path: &std::path::Path,
+    rules: &crate::rules::RuleSet,
+    args: &CheckArgs,
+) -> Result<bool, String> {
+    use crate::settings::Severity;
+    let config = crate::simulate::envoy::EnvoyConfig::load(path)?;
+    let found = crate::simulate::envoy::coverage::check(&config, rules);
+    for line in &found.unread {
+        eprintln!("warning: {line}");
+    }
+    let mut ok = true;
+    for (lines, severity) in [
+        (&found.unsent, args.unreached_rules),
+        (&found.unlimited, args.unlimited_descriptors),
+    ] {
+        for line in lines {
+            match severity {
+                Severity::Error => {
+                    ok = false;
+                    eprintln!("error: {line}");
+                }
+                Severity::Warning => eprintln!("warning: {line}"),
+            }
+        }
+    }
+    if !ok {
+        eprintln!(
+            "the rules and {} disagree (--unreached-rules and --unlimited-descriptors choose what is an error)",
+            path.display()
+        );
+    }
+    Ok(ok)
 }

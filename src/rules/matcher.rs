@@ -89,6 +89,51 @@ impl RuleSet {
     }
 }
 
+impl RuleSet {
+    /// The rules a descriptor of this shape could meet in `domain`: its
+    /// entries' keys in order, each with its value when it is known (`None`:
+    /// any value, as Envoy fills in a header or an address). For `tollgate
+    /// check --envoy-config`.
+    pub(crate) fn reachable<'a>(
+        &'a self,
+        domain: &str,
+        shape: &[(&str, Option<&str>)],
+    ) -> Vec<&'a Arc<Rule>> {
+        let mut found = Vec::new();
+        if let Some(level) = self.domains.get(domain) {
+            reach(level, shape, &mut found);
+        }
+        found
+    }
+}
+
+/// The rules `shape` can meet below `level` (see [`RuleSet::reachable`]).
+fn reach<'a>(level: &'a Level, shape: &[(&str, Option<&str>)], found: &mut Vec<&'a Arc<Rule>>) {
+    let Some(((key, value), rest)) = shape.split_first() else {
+        return;
+    };
+    let Some(rules) = level.keys.get(*key) else {
+        return;
+    };
+    let nodes: Vec<&Node> = match value {
+        Some(value) => rules.node_for(value).into_iter().collect(),
+        // Any value: every node of the key can be met.
+        None => rules
+            .exact
+            .values()
+            .chain(rules.wildcards.iter().map(|(_, node)| node))
+            .chain(&rules.default)
+            .collect(),
+    };
+    for node in nodes {
+        if rest.is_empty() {
+            found.extend(node.rules.iter());
+        } else {
+            reach(&node.children, rest, found);
+        }
+    }
+}
+
 /// A bucket's entries in the order the rule tree used them.
 pub type WalkedEntries<'b> = SmallVec<[(&'b str, &'b str); 4]>;
 

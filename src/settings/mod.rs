@@ -443,6 +443,29 @@ pub(crate) struct CheckArgs {
     /// or zone).
     #[arg(long)]
     pub against: Vec<PathBuf>,
+    /// An Envoy configuration (YAML or JSON) whose rate limit actions the
+    /// rules are checked against: rules no route can reach, and
+    /// descriptors a route sends that no rule limits (its filter's domain
+    /// and stage).
+    #[arg(long, value_name = "ENVOY.yaml")]
+    pub envoy_config: Option<PathBuf>,
+    /// With --envoy-config: a rule with a limit that no route can reach is
+    /// an error (exit 1) or a warning.
+    #[arg(long, value_enum, default_value_t = Severity::Error)]
+    pub unreached_rules: Severity,
+    /// With --envoy-config: a descriptor a route sends that no rule limits
+    /// is a warning or an error (exit 1).
+    #[arg(long, value_enum, default_value_t = Severity::Warning)]
+    pub unlimited_descriptors: Severity,
+}
+
+/// How `tollgate check` treats a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Severity {
+    /// Printed, and `check` exits 1.
+    Error,
+    /// Printed; `check` still exits 0.
+    Warning,
 }
 
 impl ServeArgs {

@@ -356,3 +356,84 @@ fn a_misspelt_log_level_is_refused_and_the_references_spellings_accepted() {
     let run = crate::common::run_briefly(&[], &[("LOG_LEVEL", "warning")]);
     assert!(run.started, "{}", run.stderr);
 }
+
+/// `check --envoy-config`: the shipped pair agrees; a key Envoy never sends
+/// (`apikey` for `api_key`) is an error naming the rule's line and the keys
+/// Envoy sends, and the descriptor left unlimited is a warning naming the
+/// route; the flags turn either into the other.
+#[test]
+fn check_against_an_envoy_configuration_names_what_the_two_sides_miss() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let envoy = format!("{root}/envoy/gateway.yaml");
+    let check = |rules: &str, more: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["check", rules, "--envoy-config", &envoy])
+            .args(more)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = check(&format!("{RULES}/gateway.yaml"), &[]);
+    assert!(ok && !stderr.contains("warning"), "{stderr}");
+    let dir = tempfile::tempdir().expect("dir");
+    let shipped = std::fs::read_to_string(format!("{RULES}/gateway.yaml")).expect("rules");
+    assert!(shipped.contains("key: api_key"));
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, shipped.replace("key: api_key", "key: apikey")).expect("write");
+    let broken = broken.to_string_lossy().into_owned();
+    let line = shipped
+        .lines()
+        .position(|l| l.contains("key: api_key"))
+        .expect("a line")
+        + 1;
+    let (ok, stderr) = check(&broken, &[]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: {broken}:{line}: rule gateway.plan_free.apikey limits nothing"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("plan.api_key"),
+        "the keys Envoy sends: {stderr}"
+    );
+    assert!(
+        stderr.contains("warning: ") && stderr.contains("sends [plan=*, api_key=*]"),
+        "{stderr}"
+    );
+    let (ok, stderr) = check(&broken, &["--unreached-rules", "warning"]);
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = check(
+        &format!("{RULES}/gateway.yaml"),
+        &["--unlimited-descriptors", "error"],
+    );
+    assert!(ok, "nothing unlimited in the shipped pair: {stderr}");
+    let (ok, stderr) = check(
+        &broken,
+        &[
+            "--unreached-rules",
+            "warning",
+            "--unlimited-descriptors",
+            "error",
+        ],
+    );
+    assert!(!ok, "{stderr}");
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            &format!("{RULES}/gateway.yaml"),
+            "--envoy-config",
+            "/nonexistent.yaml",
+        ])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("/nonexistent.yaml"),
+        "{stderr}"
+    );
+}

@@ -17,6 +17,7 @@
 mod access_log;
 mod actions;
 mod config;
+pub(crate) mod coverage;
 mod routing;
 
 use std::collections::BTreeMap;
