@@ -91,5 +91,7 @@ ensure_check_tools() {
         echo "deps: kubectl (with kustomize) is needed to build examples/kubernetes: install kubectl" >&2
         return 1
     fi
+    # promtool checks examples/prometheus/alerts.yaml (Debian's prometheus).
+    command -v promtool >/dev/null || apt_install prometheus
 }
 

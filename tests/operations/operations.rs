@@ -334,6 +334,73 @@ fn documented_metrics() -> Vec<String> {
         .collect()
 }
 
+/// examples/prometheus/alerts.yaml: every alert has a severity, a summary
+/// and a description, queries only metrics Tollgate documents (so serves:
+/// see the test below), passes `promtool check rules`, and fires on the
+/// series of examples/prometheus/alerts_test.yaml (`promtool test rules`)
+/// and not on healthy ones.
+#[test]
+fn the_alert_rules_are_valid_name_served_metrics_and_fire_when_they_should() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prometheus");
+    let text = std::fs::read_to_string(dir.join("alerts.yaml")).expect("alerts.yaml");
+    let rules: serde_json::Value = serde_saphyr::from_str(&text).expect("YAML");
+    let documented = documented_metrics();
+    let names = regex::Regex::new(r"\b((?:tollgate|ratelimit)_[a-z0-9_]+)").expect("pattern");
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            let alert = rule["alert"].as_str().expect("an alert name");
+            alerts.push(alert.to_owned());
+            for field in [
+                &rule["labels"]["severity"],
+                &rule["annotations"]["summary"],
+                &rule["annotations"]["description"],
+            ] {
+                assert!(
+                    field.as_str().is_some_and(|s| !s.is_empty()),
+                    "{alert}: {rule}"
+                );
+            }
+            let expr = rule["expr"].as_str().expect("an expression");
+            for name in names.captures_iter(expr).map(|c| c[1].to_owned()) {
+                assert!(
+                    documented.contains(&name),
+                    "{alert} queries {name}, which docs/metrics.md does not list"
+                );
+            }
+        }
+    }
+    for wanted in [
+        "TollgateStoreUnavailable",
+        "TollgateRefusalsSpiking",
+        "TollgateRuleReloadFailing",
+    ] {
+        assert!(alerts.iter().any(|a| a == wanted), "{wanted} in {alerts:?}");
+    }
+    let promtool = |args: &[&str]| {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("promtool checks the alert rules: install it (Debian: apt-get install prometheus; scripts/test.sh does): {e}")
+            });
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "promtool {args:?}: {said}");
+        said
+    };
+    let checked = promtool(&["check", "rules", "alerts.yaml"]);
+    assert!(
+        checked.contains(&format!("{} rules found", alerts.len())),
+        "{checked}"
+    );
+    promtool(&["test", "rules", "alerts_test.yaml"]);
+}
+
 /// The metric names examples/grafana/tollgate.json queries: every name
 /// followed by a `{job=...}` selector in a panel's expression.
 fn dashboard_metrics() -> Vec<String> {
