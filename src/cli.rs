@@ -161,8 +161,8 @@ fn envoy_coverage(
     args: &CheckArgs,
 ) -> Result<bool, String> {
     use crate::settings::Severity;
-    let config = crate::simulate::envoy::EnvoyConfig::load(path)?;
-    let found = crate::simulate::envoy::coverage::check(&config, rules);
+    let filters = crate::simulate::envoy::EnvoyConfig::load_all(path)?;
+    let found = crate::simulate::envoy::coverage::check(&filters, rules);
     for line in &found.unread {
         eprintln!("warning: {line}");
     }

@@ -89,33 +89,50 @@ impl RuleSet {
     }
 }
 
+/// One entry of a descriptor's shape (see [`RuleSet::reachable`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShapeEntry<'a> {
+    pub(crate) key: &'a str,
+    /// The value, when it is known; `None`: any value.
+    pub(crate) value: Option<&'a str>,
+    /// The entry may be absent (Envoy's `skip_if_absent`).
+    pub(crate) optional: bool,
+}
+
 impl RuleSet {
-    /// The rules a descriptor of this shape could meet in `domain`: its
-    /// entries' keys in order, each with its value when it is known (`None`:
-    /// any value, as Envoy fills in a header or an address). For `tollgate
-    /// check --envoy-config`.
+    /// The rules (limited or `unlimited`) a descriptor of this shape could
+    /// meet in `domain`: its entries' keys in order, each with its value
+    /// when it is known, some perhaps absent. For `tollgate check
+    /// --envoy-config`.
     pub(crate) fn reachable<'a>(
         &'a self,
         domain: &str,
-        shape: &[(&str, Option<&str>)],
+        shape: &[ShapeEntry<'_>],
     ) -> Vec<&'a Arc<Rule>> {
         let mut found = Vec::new();
         if let Some(level) = self.domains.get(domain) {
             reach(level, shape, &mut found);
         }
+        found.sort_by_key(|r| r.index);
+        found.dedup_by_key(|r| r.index);
         found
     }
 }
 
-/// The rules `shape` can meet below `level` (see [`RuleSet::reachable`]).
-fn reach<'a>(level: &'a Level, shape: &[(&str, Option<&str>)], found: &mut Vec<&'a Arc<Rule>>) {
-    let Some(((key, value), rest)) = shape.split_first() else {
+/// The rules `shape` can meet below `level` (see [`RuleSet::reachable`]):
+/// a node's rules count where the descriptor can end (every entry after it
+/// optional).
+fn reach<'a>(level: &'a Level, shape: &[ShapeEntry<'_>], found: &mut Vec<&'a Arc<Rule>>) {
+    let Some((entry, rest)) = shape.split_first() else {
         return;
     };
-    let Some(rules) = level.keys.get(*key) else {
+    if entry.optional {
+        reach(level, rest, found);
+    }
+    let Some(rules) = level.keys.get(entry.key) else {
         return;
     };
-    let nodes: Vec<&Node> = match value {
+    let nodes: Vec<&Node> = match entry.value {
         Some(value) => rules.node_for(value).into_iter().collect(),
         // Any value: every node of the key can be met.
         None => rules
@@ -125,10 +142,12 @@ fn reach<'a>(level: &'a Level, shape: &[(&str, Option<&str>)], found: &mut Vec<&
             .chain(&rules.default)
             .collect(),
     };
+    let may_end = rest.iter().all(|e| e.optional);
     for node in nodes {
-        if rest.is_empty() {
+        if may_end {
             found.extend(node.rules.iter());
-        } else {
+        }
+        if !rest.is_empty() && !node.children.keys.is_empty() {
             reach(&node.children, rest, found);
         }
     }

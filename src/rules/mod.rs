@@ -27,6 +27,7 @@ pub use load::{
     DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, LoadOptions, load_paths, load_sources,
     rule_files,
 };
+pub(crate) use matcher::ShapeEntry;
 pub use matcher::{Matched, WalkedEntries};
 
 /// What to answer for a limit when its store cannot decide.

@@ -451,11 +451,11 @@ pub(crate) struct CheckArgs {
     pub envoy_config: Option<PathBuf>,
     /// With --envoy-config: a rule with a limit that no route can reach is
     /// an error (exit 1) or a warning.
-    #[arg(long, value_enum, default_value_t = Severity::Error)]
+    #[arg(long, value_enum, default_value_t = Severity::Error, requires = "envoy_config")]
     pub unreached_rules: Severity,
     /// With --envoy-config: a descriptor a route sends that no rule limits
     /// is a warning or an error (exit 1).
-    #[arg(long, value_enum, default_value_t = Severity::Warning)]
+    #[arg(long, value_enum, default_value_t = Severity::Warning, requires = "envoy_config")]
     pub unlimited_descriptors: Severity,
 }
 

@@ -1,22 +1,39 @@
 //! `tollgate check RULES --envoy-config envoy.yaml`: the rules and Envoy's
-//! rate limit actions, each side checked against the other. Every
-//! descriptor a route can send is worked out from its actions (a header's
-//! or an address's value is unknown: any value), then walked through the
-//! rule tree as the matcher walks it. A rule with a limit that no route can
-//! reach limits nothing (a key Envoy never sends: `apikey` for `api_key`);
-//! a descriptor no rule limits is sent for nothing.
+//! rate limit actions, each side checked against the other. Every rate
+//! limit filter of the configuration (each listener's, each stage's) is
+//! read with its routes; each descriptor a route can send is worked out from
+//! its actions (a header's or an address's value is unknown: any value; a
+//! `skip_if_absent` entry may be missing), then walked through the rule tree
+//! as the matcher walks it. A rule with a limit that no filter's routes can
+//! reach limits nothing (a key Envoy never sends: `apikey` for `api_key`;
+//! a domain no filter sends); a descriptor no rule names is sent for
+//! nothing. Routes that answer themselves (`direct_response`, `redirect`)
+//! never call the rate limit service and are left out.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::config::EnvoyConfig;
-use crate::rules::{Rule, RuleSet};
+use super::config::{EnvoyConfig, uint};
+use crate::rules::{RuleSet, ShapeEntry, printable};
 
-/// One entry of a descriptor a route sends: its key, and its value when the
-/// configuration fixes it.
-type Entry = (String, Option<String>);
+/// One entry of a descriptor a route sends: its key, its value when the
+/// configuration fixes it, and whether it may be absent.
+#[derive(Debug, Clone)]
+struct Entry {
+    key: String,
+    value: Option<String>,
+    optional: bool,
+}
+
+/// The most forms of one policy spelt out for the "no rule" warnings (its
+/// optional entries present or not): past it, only whether the rules can
+/// be reached is checked, and that is said.
+const MAX_FORMS: usize = 64;
+
+/// The forms of one policy that meet no rule shown one by one; the rest
+/// are counted.
+const SHOWN_FORMS: usize = 3;
 
 /// What the cross-check found.
 #[derive(Debug, Default)]
@@ -24,123 +41,207 @@ pub(crate) struct Coverage {
     /// Rules with a limit no route of the configuration can reach, each
     /// `file:line: ...`.
     pub(crate) unsent: Vec<String>,
-    /// Descriptors a route sends that meet no limit, each naming the route.
+    /// Descriptors a route sends that no rule names, each naming the route.
     pub(crate) unlimited: Vec<String>,
-    /// Actions the check cannot read (their descriptors are left out).
+    /// What the check cannot read (those descriptors are left out).
     pub(crate) unread: Vec<String>,
 }
 
-/// Where a descriptor comes from, for messages: the virtual host and route.
-struct Origin {
+/// A place rate limit actions are written, and the routes that use them.
+struct Origin<'a> {
+    /// `virtual host 'api', routes[2] (prefix /login)`, or the virtual
+    /// host's or the filter's own list.
     place: String,
-    cluster: Option<String>,
-    policies: Vec<Value>,
+    /// Routes whose requests get these policies (one, or every route of a
+    /// virtual host that takes its list).
+    routes: usize,
+    cluster: Option<&'a str>,
+    policies: &'a [Value],
 }
 
-/// Cross-checks `rules` with `config`'s rate limit actions (its filter's
-/// domain and stage).
-pub(crate) fn check(config: &EnvoyConfig, rules: &RuleSet) -> Coverage {
+/// Cross-checks `rules` with the rate limit actions of `filters` (every
+/// rate limit filter of one Envoy configuration).
+pub(crate) fn check(filters: &[EnvoyConfig], rules: &RuleSet) -> Coverage {
     let mut coverage = Coverage::default();
-    let file = config.path.display();
     let mut reached: BTreeSet<usize> = BTreeSet::new();
-    let mut seen: BTreeSet<String> = BTreeSet::new();
-    for origin in origins(config) {
-        for (i, policy) in origin.policies.iter().enumerate() {
-            if policy["stage"].as_u64().unwrap_or(0) != config.stage {
-                continue;
-            }
-            let shapes = match shapes(config, policy, origin.cluster.as_deref()) {
-                Ok(shapes) => shapes,
-                Err(why) => {
-                    coverage.unread.push(format!(
-                        "{file}: {}, rate_limits[{i}]: {why}; its descriptor is not checked",
-                        origin.place
-                    ));
+    // Per domain, the keys of the descriptors sent (`a.b`), for messages.
+    let mut sent: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for config in filters {
+        let file = config.path.display();
+        let domain = printable(&config.domain).into_owned();
+        let keys = sent.entry(config.domain.clone()).or_default();
+        for origin in origins(config) {
+            for (i, policy) in origin.policies.iter().enumerate() {
+                if uint(&policy["stage"]).unwrap_or(0) != config.stage {
                     continue;
                 }
-            };
-            for shape in shapes {
-                let borrowed: Vec<(&str, Option<&str>)> = shape
+                let shape = match shape(config, policy, origin.cluster) {
+                    Ok(shape) => shape,
+                    Err(why) => {
+                        coverage.unread.push(format!(
+                            "{file}: {}, rate_limits[{i}]: {why}; its descriptor is not checked",
+                            origin.place
+                        ));
+                        continue;
+                    }
+                };
+                if shape.is_empty() {
+                    continue;
+                }
+                let entries: Vec<ShapeEntry<'_>> = shape
                     .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_deref()))
+                    .map(|e| ShapeEntry {
+                        key: &e.key,
+                        value: e.value.as_deref(),
+                        optional: e.optional,
+                    })
                     .collect();
-                let met: Vec<&Arc<Rule>> = rules
-                    .reachable(&config.domain, &borrowed)
-                    .into_iter()
-                    .filter(|r| r.limit.is_some())
-                    .collect();
-                reached.extend(met.iter().map(|r| r.index));
-                let text = describe(&shape);
-                if met.is_empty() && seen.insert(format!("{}{text}", origin.place)) {
+                reached.extend(
+                    rules
+                        .reachable(&config.domain, &entries)
+                        .iter()
+                        .map(|r| r.index),
+                );
+                let forms = forms(&shape);
+                if forms.len() > MAX_FORMS {
+                    let optional = shape.iter().filter(|e| e.optional).count();
+                    coverage.unread.push(format!(
+                        "{file}: {}, rate_limits[{i}]: {optional} optional entries make 2^{optional} forms of its descriptor; the first {MAX_FORMS} are checked for a rule that names them (every rule it can reach is found)",
+                        origin.place,
+                    ));
+                }
+                let mut unnamed = 0usize;
+                for form in forms.iter().take(MAX_FORMS) {
+                    keys.insert(
+                        form.iter()
+                            .map(|e| printable(&e.key))
+                            .collect::<Vec<_>>()
+                            .join("."),
+                    );
+                    let exact: Vec<ShapeEntry<'_>> = form
+                        .iter()
+                        .map(|e| ShapeEntry {
+                            key: &e.key,
+                            value: e.value.as_deref(),
+                            optional: false,
+                        })
+                        .collect();
+                    // A rule that is `unlimited` names the descriptor too.
+                    if rules.reachable(&config.domain, &exact).is_empty() {
+                        unnamed += 1;
+                        if unnamed > SHOWN_FORMS {
+                            continue;
+                        }
+                        let routes = match origin.routes {
+                            1 => String::new(),
+                            n => format!(" (used by {n} routes)"),
+                        };
+                        coverage.unlimited.push(format!(
+                            "{file}: {}, rate_limits[{i}]{routes} sends {} in domain '{domain}', which no rule names: it is answered OK for nothing",
+                            origin.place,
+                            describe(form)
+                        ));
+                    }
+                }
+                if unnamed > SHOWN_FORMS {
                     coverage.unlimited.push(format!(
-                        "{file}: {}, rate_limits[{i}] sends {text} in domain '{}', which no rule limits: it is answered OK for nothing",
-                        origin.place, config.domain
+                        "{file}: {}, rate_limits[{i}]: {} more forms of its descriptor (its optional entries present or not) meet no rule either",
+                        origin.place,
+                        unnamed - SHOWN_FORMS
                     ));
                 }
             }
         }
     }
-    let sent = sent_keys(config);
-    let sent = if sent.is_empty() {
-        "none".to_owned()
-    } else {
-        sent.into_iter().collect::<Vec<_>>().join(", ")
-    };
+    let file = filters
+        .first()
+        .map(|f| f.path.display().to_string())
+        .unwrap_or_default();
     for rule in rules.rules() {
-        if *rule.domain != *config.domain || rule.limit.is_none() || reached.contains(&rule.index) {
+        if rule.limit.is_none() || reached.contains(&rule.index) {
             continue;
         }
+        let why = match sent.get(&*rule.domain) {
+            None => format!(
+                "no rate limit filter of {file} sends domain '{}' (they send: {})",
+                printable(&rule.domain),
+                sent.keys()
+                    .map(|d| format!("'{}'", printable(d)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some(keys) => format!(
+                "no route sends a descriptor it matches (the descriptors Envoy sends in domain '{}': {})",
+                printable(&rule.domain),
+                if keys.is_empty() {
+                    "none".to_owned()
+                } else {
+                    keys.iter().cloned().collect::<Vec<_>>().join(", ")
+                }
+            ),
+        };
         coverage.unsent.push(format!(
-            "{}:{}: rule {} limits nothing under {file}: no route sends a descriptor it matches (the keys Envoy sends in domain '{}': {})",
+            "{}:{}: rule {} limits nothing under {file}: {why}",
             rule.source.file.display(),
             rule.source.line,
-            crate::rules::printable(&rule.path),
-            config.domain,
-            sent
+            printable(&rule.path),
         ));
     }
     coverage
 }
 
-/// Every place rate limit actions are written, with the policies a request
-/// there gets: the filter's own (which replace the routes'), else each
-/// route's (with its virtual host's when it asks for them or has none).
-fn origins(config: &EnvoyConfig) -> Vec<Origin> {
+/// Every place rate limit actions are written for one filter: the filter's
+/// own (which replace the routes'), else each route's own list, and each
+/// virtual host's list once with the number of routes that take it (a
+/// route without a list of its own, or with `include_vh_rate_limits`).
+/// Routes that answer themselves never call the service.
+fn origins(config: &EnvoyConfig) -> Vec<Origin<'_>> {
     if let Some(policies) = &config.filter_rate_limits {
         return vec![Origin {
             place: "the rate limit filter".into(),
+            routes: 1,
             cluster: None,
-            policies: policies.clone(),
+            policies,
         }];
     }
     let mut origins = Vec::new();
     for (v, vhost) in config.virtual_hosts.iter().enumerate() {
         let host = vhost["name"].as_str().map_or_else(
             || format!("virtual_hosts[{v}]"),
-            |n| format!("virtual host '{n}'"),
+            |n| format!("virtual host '{}'", printable(n)),
         );
+        let mut taking = 0;
         for (r, route) in vhost["routes"].as_array().into_iter().flatten().enumerate() {
-            let own = route["route"]["rate_limits"].as_array();
-            let include = route["route"]["include_vh_rate_limits"]
-                .as_bool()
-                .unwrap_or(false);
-            let mut policies: Vec<Value> = own.into_iter().flatten().cloned().collect();
-            if include || own.is_none_or(|o| o.is_empty()) {
-                policies.extend(
-                    vhost["rate_limits"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .cloned(),
-                );
+            let Some(action) = route.get("route") else {
+                continue;
+            };
+            let own = action["rate_limits"].as_array().filter(|o| !o.is_empty());
+            if own.is_none() || action["include_vh_rate_limits"].as_bool().unwrap_or(false) {
+                taking += 1;
             }
+            let Some(own) = own else { continue };
             let matched = ["prefix", "path", "path_separated_prefix"]
                 .iter()
-                .find_map(|m| route["match"][m].as_str().map(|p| format!(" ({m} {p})")))
+                .find_map(|m| {
+                    route["match"][m]
+                        .as_str()
+                        .map(|p| format!(" ({m} {})", printable(p)))
+                })
                 .unwrap_or_default();
             origins.push(Origin {
                 place: format!("{host}, routes[{r}]{matched}"),
-                cluster: route["route"]["cluster"].as_str().map(str::to_owned),
+                routes: 1,
+                cluster: action["cluster"].as_str(),
+                policies: own,
+            });
+        }
+        if let Some(policies) = vhost["rate_limits"].as_array()
+            && taking > 0
+        {
+            origins.push(Origin {
+                place: format!("{host}'s own rate_limits"),
+                routes: taking,
+                cluster: None,
                 policies,
             });
         }
@@ -148,100 +249,118 @@ fn origins(config: &EnvoyConfig) -> Vec<Origin> {
     origins
 }
 
-/// The descriptors one `rate_limits` entry can send: one, or two for each
-/// `skip_if_absent` header (with it and without).
-fn shapes(
+/// The descriptor one `rate_limits` entry sends: its entries in order.
+fn shape(
     config: &EnvoyConfig,
     policy: &Value,
     cluster: Option<&str>,
-) -> Result<Vec<Vec<Entry>>, String> {
-    let mut shapes: Vec<Vec<Entry>> = vec![Vec::new()];
-    for action in policy["actions"].as_array().into_iter().flatten() {
-        let Some((kind, a)) = action.as_object().and_then(|o| o.iter().next()) else {
+) -> Result<Vec<Entry>, String> {
+    let mut shape = Vec::new();
+    let Some(actions) = policy["actions"].as_array() else {
+        return Err("its actions are not a list".into());
+    };
+    for action in actions {
+        let Some(object) = action.as_object().filter(|o| o.len() == 1) else {
+            return Err(format!(
+                "an action that is not an object of one kind ({})",
+                printable(&action.to_string())
+            ));
+        };
+        let Some((kind, a)) = object.iter().next() else {
             continue;
         };
-        let key = |default: &str| a["descriptor_key"].as_str().unwrap_or(default).to_owned();
-        let fixed = || a["descriptor_value"].as_str().map(str::to_owned);
-        let (entry, optional): (Entry, bool) = match kind.as_str() {
+        let text = |field: &str| a[field].as_str().map(str::to_owned);
+        let key = |default: &str| text("descriptor_key").unwrap_or_else(|| default.to_owned());
+        let optional = a["skip_if_absent"].as_bool().unwrap_or(false);
+        let (key, value) = match kind.as_str() {
             "request_headers" => {
-                let header = a["header_name"].as_str().unwrap_or("").to_ascii_lowercase();
+                let header = text("header_name")
+                    .ok_or("request_headers without a header_name (a string)")?
+                    .to_ascii_lowercase();
+                (key(&header), None)
+            }
+            "remote_address" => ("remote_address".into(), None),
+            "masked_remote_address" => ("masked_remote_address".into(), None),
+            "generic_key" => (
+                key("generic_key"),
+                Some(
+                    text("descriptor_value")
+                        .ok_or("generic_key without a descriptor_value (a string)")?,
+                ),
+            ),
+            "header_value_match" => (
+                key("header_match"),
+                Some(
+                    text("descriptor_value")
+                        .ok_or("header_value_match without a descriptor_value (a string)")?,
+                ),
+            ),
+            "query_parameter_value_match" => {
                 (
-                    (key(&header), None),
-                    a["skip_if_absent"].as_bool().unwrap_or(false),
+                    key("query_match"),
+                    Some(text("descriptor_value").ok_or(
+                        "query_parameter_value_match without a descriptor_value (a string)",
+                    )?),
                 )
             }
-            "remote_address" => (("remote_address".into(), None), false),
-            "masked_remote_address" => (("masked_remote_address".into(), None), false),
-            "generic_key" => (
-                (key("generic_key"), Some(fixed().unwrap_or_default())),
-                false,
-            ),
-            "header_value_match" => ((key("header_match"), fixed()), false),
-            "query_parameter_value_match" => ((key("query_match"), fixed()), false),
-            "query_parameters" => (
-                (key(a["query_parameter_name"].as_str().unwrap_or("")), None),
-                false,
-            ),
-            "destination_cluster" => (
-                ("destination_cluster".into(), cluster.map(str::to_owned)),
-                false,
-            ),
-            "source_cluster" => (
-                ("source_cluster".into(), config.local_cluster.clone()),
-                false,
-            ),
-            "metadata" | "dynamic_metadata" => ((key(kind), None), false),
-            other => return Err(format!("action '{other}' is not known to the check")),
+            "query_parameters" => (key(&text("query_parameter_name").unwrap_or_default()), None),
+            "destination_cluster" => ("destination_cluster".into(), cluster.map(str::to_owned)),
+            "source_cluster" => ("source_cluster".into(), config.local_cluster.clone()),
+            "metadata" | "dynamic_metadata" => (key(kind), None),
+            // An extension (CEL, ...) names its key; its value is its own.
+            other => match text("descriptor_key") {
+                Some(key) => (key, None),
+                None => {
+                    return Err(format!(
+                        "action '{}' is not known to the check and names no descriptor_key",
+                        printable(other)
+                    ));
+                }
+            },
         };
-        let mut next = Vec::with_capacity(shapes.len() * 2);
-        for shape in shapes {
-            if optional {
-                next.push(shape.clone());
-            }
-            let mut with = shape;
-            with.push(entry.clone());
-            next.push(with);
-        }
-        // Bounded: a policy of many optional headers.
-        next.truncate(256);
-        shapes = next;
+        shape.push(Entry {
+            key,
+            value,
+            optional,
+        });
     }
-    shapes.retain(|s| !s.is_empty());
-    Ok(shapes)
+    Ok(shape)
+}
+
+/// Every form of `shape` (each optional entry present or absent), the full
+/// one first; at most [`MAX_FORMS`] + 1 are made.
+fn forms(shape: &[Entry]) -> Vec<Vec<&Entry>> {
+    let mut forms: Vec<Vec<&Entry>> = vec![Vec::new()];
+    for entry in shape {
+        let mut next = Vec::with_capacity(forms.len() * 2);
+        for form in forms {
+            let mut with = form.clone();
+            with.push(entry);
+            next.push(with);
+            if entry.optional {
+                next.push(form);
+            }
+        }
+        next.truncate(MAX_FORMS + 1);
+        forms = next;
+    }
+    forms.retain(|f| !f.is_empty());
+    forms
 }
 
 /// `[key=value, key=*]`.
-fn describe(shape: &[Entry]) -> String {
-    let entries: Vec<String> = shape
+fn describe(form: &[&Entry]) -> String {
+    let entries: Vec<String> = form
         .iter()
-        .map(|(k, v)| {
+        .map(|e| {
             format!(
                 "{}={}",
-                crate::rules::printable(k),
-                v.as_deref().map_or("*".into(), crate::rules::printable)
+                printable(&e.key),
+                e.value.as_deref().map_or("*".into(), printable)
             )
         })
         .collect();
     format!("[{}]", entries.join(", "))
-}
-
-/// The first keys of every descriptor the configuration can send.
-fn sent_keys(config: &EnvoyConfig) -> BTreeSet<String> {
-    let mut keys = BTreeSet::new();
-    for origin in origins(config) {
-        for policy in &origin.policies {
-            for shape in shapes(config, policy, origin.cluster.as_deref()).unwrap_or_default() {
-                keys.insert(
-                    shape
-                        .iter()
-                        .map(|(k, _)| crate::rules::printable(k).into_owned())
-                        .collect::<Vec<_>>()
-                        .join("."),
-                );
-            }
-        }
-    }
-    keys
 }
 
 #[cfg(test)]
@@ -312,7 +431,7 @@ descriptors:
 ",
         )
         .expect("rules");
-        let found = check(&envoy, &rules);
+        let found = check(std::slice::from_ref(&envoy), &rules);
         assert_eq!(found.unsent.len(), 1, "{found:?}");
         assert!(found.unsent[0].contains("api.apikey"), "{found:?}");
         assert!(
@@ -349,7 +468,7 @@ descriptors:
 ",
         )
         .expect("rules");
-        let found = check(&envoy, &meant);
+        let found = check(std::slice::from_ref(&envoy), &meant);
         assert!(
             found.unsent.is_empty() && found.unlimited.is_empty(),
             "{found:?}"
@@ -379,12 +498,132 @@ descriptors:
 ",
         )
         .expect("rules");
-        let found = check(&envoy, &rules);
+        let found = check(std::slice::from_ref(&envoy), &rules);
         assert_eq!(found.unsent.len(), 1, "login is never sent: {found:?}");
         assert!(
             found.unlimited[0].contains("[generic_key=checkout]"),
             "{found:?}"
         );
         assert!(found.unread[0].contains("'extension'"), "{found:?}");
+    }
+
+    #[test]
+    fn what_envoy_never_sends_is_found_and_what_it_may_send_is_not_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        // Ten optional headers (1,024 forms), a route that answers itself,
+        // metadata that may be absent, and routes without a list of their
+        // own in a virtual host without one.
+        let headers: String = (1..=10)
+            .map(|i| format!("                                  - request_headers: {{ header_name: h{i}, descriptor_key: h{i}, skip_if_absent: true }}\n"))
+            .collect();
+        let envoy = config(
+            &dir,
+            &format!(
+                r#"                        - match: {{ prefix: "/old" }}
+                          redirect: {{ path_redirect: "/new" }}
+                        - match: {{ prefix: "/many" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+{headers}                        - match: {{ prefix: "/meta" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+                                  - metadata: {{ descriptor_key: tier, skip_if_absent: true, metadata_key: {{ key: k, path: [{{ key: t }}] }} }}
+                                  - remote_address: {{}}
+                        - match: {{ prefix: "/a" }}
+                          route: {{ cluster: app }}"#
+            ),
+        );
+        let rules = RuleSet::from_yaml(
+            "domain: api
+descriptors:
+  - key: h1
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: h10
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: h3
+    descriptors:
+      - key: h7
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /old
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .expect("rules");
+        let found = check(std::slice::from_ref(&envoy), &rules);
+        // Every form of the ten headers reaches its rule; the redirect
+        // route sends nothing, so its rule limits nothing.
+        assert_eq!(found.unsent.len(), 1, "{found:?}");
+        assert!(found.unsent[0].contains("api.path_/old"), "{found:?}");
+        assert!(
+            found.unread.iter().any(|u| u.contains("2^10 forms")),
+            "{found:?}"
+        );
+        // The metadata form [tier, remote_address] meets no rule; without
+        // the tier it does.
+        assert!(
+            found
+                .unlimited
+                .iter()
+                .any(|u| u.contains("sends [tier=*, remote_address=*] ")),
+            "{found:?}"
+        );
+        assert!(
+            !found
+                .unlimited
+                .iter()
+                .any(|u| u.contains("sends [remote_address=*] ")),
+            "{found:?}"
+        );
+        // Of the headers' forms that meet no rule, three are shown and the
+        // rest counted.
+        let many: Vec<&String> = found
+            .unlimited
+            .iter()
+            .filter(|u| u.contains("prefix /many"))
+            .collect();
+        assert_eq!(many.len(), 4, "{many:#?}");
+        assert!(many[3].contains("more forms"), "{many:#?}");
+        // A descriptor that meets an `unlimited` rule is named by it: no
+        // warning; a domain no filter sends is an error.
+        let rules = RuleSet::from_yaml(
+            "domain: api
+descriptors:
+  - key: tier
+    descriptors:
+      - key: remote_address
+        rate_limit: {unlimited: true}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .expect("rules");
+        let found = check(std::slice::from_ref(&envoy), &rules);
+        assert!(
+            !found
+                .unlimited
+                .iter()
+                .any(|u| u.contains("[tier=*, remote_address=*]")),
+            "{found:?}"
+        );
+        let other = RuleSet::from_yaml(
+            "domain: apii
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .expect("rules");
+        let found = check(std::slice::from_ref(&envoy), &other);
+        assert!(
+            found.unsent[0].contains("no rate limit filter") && found.unsent[0].contains("'apii'"),
+            "{found:?}"
+        );
     }
 }

@@ -115,7 +115,7 @@ pub(crate) fn import(
         };
         let mut descriptors = super::traffic::Descriptors::new();
         for policy in policies {
-            if policy["stage"].as_u64().unwrap_or(0) != config.stage {
+            if config::uint(&policy["stage"]).unwrap_or(0) != config.stage {
                 continue;
             }
             match descriptor(config, policy, &logged, &recorded, cluster, &mut strings) {
