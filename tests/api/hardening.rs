@@ -38,8 +38,10 @@ descriptors:
   - key: detail
     detailed_metric: true
     rate_limit: {unit: hour, requests_per_unit: 5}
+  # A token bucket: no window edge for the wall clock to cross while a test
+  # counts (a sliding window admits a fourth request just past the hour).
   - key: victim
-    rate_limit: {unit: hour, requests_per_unit: 3, failure_mode: deny}
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket, failure_mode: deny}
 ";
 
 /// [`RULES`] without the limit that fails closed: requests that cannot be
