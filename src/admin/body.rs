@@ -37,6 +37,12 @@ pub(super) fn request(body: &Value) -> Result<RateLimitRequest, Refused> {
     json::request_from_value(body).map_err(bad)
 }
 
+/// The `/json` request in the raw `body` (`/json`, `/counters`), or a 400
+/// with the reason.
+pub(super) fn proto(body: &[u8]) -> Result<RateLimitRequest, Refused> {
+    json::request_from_json(body).map_err(bad)
+}
+
 /// The limiter's request, borrowed from `proto`; a malformed one is a 400
 /// (the limiter's own error, with its reason).
 pub(super) fn domain(proto: &RateLimitRequest) -> Result<Request<'_>, Refused> {

@@ -66,7 +66,7 @@ pub(super) async fn counters(
     if let Some(answer) = super::not_json(&s, &headers, "/counters") {
         return answer;
     }
-    let proto = match body::parse(&body).and_then(|b| body::request(&b)) {
+    let proto = match body::proto(&body) {
         Ok(proto) => proto,
         Err(refused) => return refused.into_response(),
     };

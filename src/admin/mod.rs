@@ -252,7 +252,7 @@ async fn json(
     if let Some(answer) = not_json(&s, &headers, "/json") {
         return answer;
     }
-    let proto = match body::parse(&body).and_then(|b| body::request(&b)) {
+    let proto = match body::proto(&body) {
         Ok(proto) => proto,
         Err(refused) => return refused.into_response(),
     };
