@@ -43,7 +43,7 @@ impl Limiter {
                     (request, d),
                     (None, limit, false, None),
                     crate::store::scope_tag(request.domain, None),
-                    &[],
+                    (&[], None),
                     hits_default,
                     (planned, checks),
                 );
@@ -68,7 +68,7 @@ impl Limiter {
                     (request, d),
                     (Some(rule.clone()), limit, rule.shadow_mode, stats),
                     rules.scope(rule),
-                    &matched.shared,
+                    (&matched.shared, matched.lane),
                     hits_default,
                     (planned, checks),
                 );
@@ -98,11 +98,16 @@ impl Limiter {
         (request, d): (&Request<'_>, usize),
         (rule, limit, shadow, stats): (Option<Arc<Rule>>, Limit, bool, Option<Arc<LimitStats>>),
         scope: u64,
-        shared: &[(usize, &str)],
+        (shared, lane): (&[(usize, &str)], Option<u8>),
         hits_default: u64,
         (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
     ) {
         let descriptor = &request.descriptors[d];
+        // A lane counts in its node's counter, within its share of the limit.
+        let (limit, counted) = match lane {
+            Some(share) => (limit.in_lane(share), descriptor.entries.len() - 1),
+            None => (limit, descriptor.entries.len()),
+        };
         let mut key = CounterKey::with_period(
             request.domain,
             limit.algorithm,
@@ -110,7 +115,7 @@ impl Limiter {
             limit.unit_multiplier,
             limit.calendar.map(|z| z.key()),
         );
-        for (i, (k, v)) in descriptor.entries.iter().enumerate() {
+        for (i, (k, v)) in descriptor.entries[..counted].iter().enumerate() {
             let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
             key.entry(k, value);
         }
@@ -119,7 +124,9 @@ impl Limiter {
         let enforced = !shadow && !self.options.shadow_mode;
         let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
         check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
-        check.lease = limit.lease;
+        // A lane decides against the counter itself: a lease held for the
+        // whole limit would let it pass its share.
+        check.lease = if lane.is_some() { 0 } else { limit.lease };
         check.scope = scope;
         checks.push(check);
         planned.push(Planned {

@@ -8,7 +8,7 @@ use serde_saphyr::Spanned;
 
 use super::file::{RawDescriptor, RawFile, RawRateLimit, at, parse};
 use super::glob::Glob;
-use super::matcher::{KeyRules, Level, Node};
+use super::matcher::{KeyRules, Lanes, Level, Node};
 use super::{LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source};
 
 /// Why two limits of one descriptor cannot both exist, if they cannot: the
@@ -165,6 +165,7 @@ impl Compiler {
                 )));
             }
             let mut raw = raw;
+            let lanes = raw.lanes.take();
             let rate_limit = raw.rate_limit.take();
             let rate_limits = raw.rate_limits.take();
             let children = match raw.descriptors.take() {
@@ -236,8 +237,12 @@ impl Compiler {
                 rules,
                 children: Level::default(),
                 shared_pattern: share.then(|| value.clone().unwrap_or_default().into()),
+                lanes: None,
             };
             self.add_descriptors(file, domain, (&path, &levels), &mut node.children, children);
+            if let Some(lanes) = lanes {
+                node.lanes = self.lanes(file, (&path, &key), lanes, &node);
+            }
 
             let rules: &mut KeyRules = level.keys.entry(Box::from(key.as_str())).or_default();
             let duplicate = match (&value, glob) {
@@ -269,6 +274,87 @@ impl Compiler {
                 self.errors.push(err(message));
             }
         }
+    }
+
+    /// A descriptor's `lanes`, checked against the node they share: its
+    /// counted limits, its key and its children's keys.
+    fn lanes(
+        &mut self,
+        file: &Arc<PathBuf>,
+        (path, key): (&str, &str),
+        raw: Spanned<super::file::RawLanes>,
+        node: &Node,
+    ) -> Option<Lanes> {
+        let pos = at(&raw.referenced);
+        let before = self.errors.len();
+        let mut err = |pos: Option<(u32, u32)>, msg: String| {
+            self.errors.push(RuleError::new(file, pos, msg));
+        };
+        if !node.rules.iter().any(|r| r.limit.is_some()) {
+            err(
+                pos,
+                format!("lanes on '{path}' share its limit, and it has none (give it rate_limit)"),
+            );
+        }
+        let lane_key = match raw.value.key.map(|k| k.0) {
+            Some(k) if !k.is_empty() => crate::wire_text::of_rule(&k).into_owned(),
+            _ => {
+                err(
+                    pos,
+                    format!("lanes on '{path}' need a key (`key:`, the entry that names the lane)"),
+                );
+                String::new()
+            }
+        };
+        if lane_key == key {
+            err(
+                pos,
+                format!(
+                    "the lane key of '{path}' is its own key '{key}'; name the lane with another entry"
+                ),
+            );
+        }
+        if node.children.keys.contains_key(lane_key.as_str()) {
+            err(
+                pos,
+                format!(
+                    "the lane key '{lane_key}' of '{path}' is also a child descriptor's key: a request could mean either"
+                ),
+            );
+        }
+        let shares = raw.value.shares.unwrap_or_default();
+        if shares.is_empty() {
+            err(
+                pos,
+                format!("lanes on '{path}' need shares (`shares: {{LANE: PERCENT}}`)"),
+            );
+        }
+        let mut out = hashbrown::HashMap::with_capacity(shares.len());
+        for (lane, share) in shares {
+            let share_pos = at(&share.referenced).or(pos);
+            if lane.is_empty() {
+                err(share_pos, format!("a lane of '{path}' has an empty name"));
+            }
+            match u8::try_from(share.value.0) {
+                Ok(percent @ 1..=100) => {
+                    out.insert(
+                        crate::wire_text::of_rule(&lane).into_owned().into(),
+                        percent,
+                    );
+                }
+                _ => err(
+                    share_pos,
+                    format!(
+                        "lane '{lane}' of '{path}' has a share of {}%; a share is 1 to 100",
+                        share.value.0
+                    ),
+                ),
+            }
+        }
+        (self.errors.len() == before).then(|| Lanes {
+            key: lane_key.into(),
+            shares: out,
+        })
     }
 
     fn compile_rule(

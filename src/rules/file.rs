@@ -34,6 +34,8 @@ pub(crate) struct RawDescriptor {
     pub(crate) value_to_metric: Option<bool>,
     pub(crate) share_threshold: Option<bool>,
     pub(crate) quota_mode: Option<bool>,
+    // Tollgate's: priority lanes sharing the descriptor's counter.
+    pub(crate) lanes: Option<Spanned<RawLanes>>,
     // Free-form in the reference; accepted and not interpreted.
     #[allow(dead_code)]
     pub(crate) metadata: Option<IgnoredAny>,
@@ -68,6 +70,14 @@ pub(crate) struct RawRateLimit {
     pub(crate) budget: Option<Spanned<bool>>,
     pub(crate) consistency: Option<Spanned<Text>>,
     pub(crate) lease: Option<Spanned<Count>>,
+}
+
+/// `lanes: {key: K, shares: {LANE: PERCENT, ...}}` on a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLanes {
+    pub(crate) key: Option<Text>,
+    pub(crate) shares: Option<std::collections::BTreeMap<String, Spanned<Count>>>,
 }
 
 /// An entry of `replaces`.

@@ -51,6 +51,27 @@ pub(crate) struct Node {
     /// `share_threshold` on a wildcard: every matching value shares one
     /// counter, keyed by the pattern.
     pub(crate) shared_pattern: Option<Box<str>>,
+    /// `lanes`: a last entry of this key names the lane a request counts in.
+    pub(crate) lanes: Option<Lanes>,
+}
+
+/// Priority lanes on one descriptor: a request whose descriptor is the
+/// node's entries plus `key: LANE` counts in the node's own counter, and is
+/// admitted only while the counter is below the lane's share of the limit.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Lanes {
+    /// The entry key that names the lane.
+    pub(crate) key: Box<str>,
+    /// Each lane's share of the limit, in percent (1-100); a lane not
+    /// listed counts at 100.
+    pub(crate) shares: hashbrown::HashMap<Box<str>, u8>,
+}
+
+impl Lanes {
+    /// The share of `lane`, in percent.
+    fn share(&self, lane: &str) -> u8 {
+        self.shares.get(lane).copied().unwrap_or(100)
+    }
 }
 
 /// The rules a descriptor matched (one per limit of the descriptor), and the
@@ -62,6 +83,10 @@ pub struct Matched<'a> {
     pub rules: &'a [Arc<Rule>],
     /// `(entry index, pattern)` for shared wildcard entries; usually empty.
     pub shared: SmallVec<[(usize, &'a str); 1]>,
+    /// When the descriptor's last entry names a priority lane (`lanes`):
+    /// the lane's share of the limit, in percent. That entry is not part of
+    /// the counter's key: every lane counts in the node's one counter.
+    pub lane: Option<u8>,
 }
 
 impl RuleSet {
@@ -78,6 +103,18 @@ impl RuleSet {
                 return (!node.rules.is_empty()).then_some(Matched {
                     rules: &node.rules,
                     shared,
+                    lane: None,
+                });
+            }
+            // The lane's entry, last: no child has its key (rules refuse it).
+            if let Some(lanes) = &node.lanes
+                && i + 2 == entries.len()
+                && *lanes.key == *entries[i + 1].0
+            {
+                return (!node.rules.is_empty()).then_some(Matched {
+                    rules: &node.rules,
+                    shared,
+                    lane: Some(lanes.share(entries[i + 1].1)),
                 });
             }
             if node.children.keys.is_empty() {
@@ -144,7 +181,12 @@ fn reach<'a>(level: &'a Level, shape: &[ShapeEntry<'_>], found: &mut Vec<&'a Arc
     };
     let may_end = rest.iter().all(|e| e.optional);
     for node in nodes {
-        if may_end {
+        // A lane's entry, last, ends the descriptor at this node too.
+        let lane_ends = node.lanes.as_ref().is_some_and(|l| {
+            rest.split_first()
+                .is_some_and(|(e, after)| *l.key == *e.key && after.iter().all(|e| e.optional))
+        });
+        if may_end || lane_ends {
             found.extend(node.rules.iter());
         }
         if !rest.is_empty() && !node.children.keys.is_empty() {
@@ -189,6 +231,7 @@ impl RuleSet {
         let node = walk.from(level)?;
         Some((
             Matched {
+                lane: None,
                 rules: &node.rules,
                 shared: walk.shared,
             },

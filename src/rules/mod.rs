@@ -122,6 +122,32 @@ impl Limit {
         }
     }
 
+    /// This limit as a priority lane of `share` percent sees it (see
+    /// `lanes`): admitted only while the node's one counter is below the
+    /// share: of the count for the windows and budgets, of the capacity for
+    /// a token bucket (whose refill rate stays). A share that leaves no
+    /// room refuses every request of the lane.
+    pub fn in_lane(self, share: u8) -> Self {
+        if share >= 100 {
+            return self;
+        }
+        let part = |n: u32| u32::try_from(u64::from(n) * u64::from(share) / 100).unwrap_or(n);
+        match self.algorithm {
+            Algorithm::TokenBucket if part(self.burst) == 0 => Self {
+                requests_per_unit: 0,
+                ..self
+            },
+            Algorithm::TokenBucket => Self {
+                burst: part(self.burst),
+                ..self
+            },
+            _ => Self {
+                requests_per_unit: part(self.requests_per_unit),
+                ..self
+            },
+        }
+    }
+
     /// The period in seconds (nominal for calendar limits: 30-day months).
     pub fn period_seconds(&self) -> u64 {
         self.unit.seconds() * u64::from(self.unit_multiplier.max(1))
@@ -297,6 +323,8 @@ impl fmt::Display for RuleSet {
     }
 }
 
+#[cfg(test)]
+mod lane_tests;
 #[cfg(test)]
 mod tests;
 

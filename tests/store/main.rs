@@ -11,6 +11,7 @@ mod common;
 
 mod conformance;
 mod differential;
+mod lanes;
 mod redis_batching;
 mod redis_cluster_faults;
 mod redis_config;

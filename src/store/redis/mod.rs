@@ -217,7 +217,7 @@ impl RedisStore {
         let mut deleted = 0;
         for (pool, checks) in self.pools_of(checks) {
             deleted += pool.counters().delete_checks(&checks, now).await?;
-            pool.forget(&checks);
+            pool.forget_refusals();
             self.leases.forget(&checks);
         }
         self.main.counters().announce().await;

@@ -28,7 +28,10 @@ pub struct OverLimitCache {
 fn id(check: &Check) -> u64 {
     // The limit is part of the identity: an override with another limit is
     // another question.
-    xxhash_rust::xxh3::xxh3_64_with_seed(check.key.as_bytes(), u64::from(check.quota.limit))
+    // The limit and the capacity: a priority lane decides one counter
+    // against less of them, and its refusal is not the whole limit's.
+    let quota = u64::from(check.quota.limit) | u64::from(check.quota.burst) << 32;
+    xxhash_rust::xxh3::xxh3_64_with_seed(check.key.as_bytes(), quota)
 }
 
 impl OverLimitCache {
@@ -66,14 +69,6 @@ impl OverLimitCache {
     pub fn clear(&self) {
         for shard in &self.shards {
             shard.lock().clear();
-        }
-    }
-
-    /// Forgets `checks`' keys (their counters were reset).
-    pub fn forget(&self, checks: &[Check]) {
-        for check in checks {
-            let id = id(check);
-            self.shard(id).lock().remove(&id);
         }
     }
 

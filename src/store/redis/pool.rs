@@ -58,10 +58,13 @@ impl Pool {
         self.over_limit.clone()
     }
 
-    /// Forgets what the over-limit cache knows of `checks`' keys.
-    pub(super) fn forget(&self, checks: &[Check]) {
+    /// Forgets every refusal the over-limit cache remembers (a reset), as
+    /// the other instances do when they see the reset: a key's refusal is
+    /// remembered per priority lane too, which a reset's descriptor does
+    /// not name.
+    pub(super) fn forget_refusals(&self) {
         if let Some(cache) = &self.over_limit {
-            cache.forget(checks);
+            cache.clear();
         }
     }
 

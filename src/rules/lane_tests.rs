@@ -1,0 +1,113 @@
+//! Priority lanes (`lanes:`): how a descriptor with a lane entry matches,
+//! and every way a lane can be written wrong.
+
+use super::*;
+
+const LANES: &str = "domain: d
+descriptors:
+  - key: org
+    rate_limit: {unit: minute, requests_per_unit: 50}
+    lanes: {key: priority, shares: {background: 60, batch: 20}}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+#[test]
+fn a_last_entry_of_the_lane_key_names_the_lane_of_the_nodes_own_limit() {
+    let rules = RuleSet::from_yaml(LANES).expect("loads");
+    let lane = |entries: &[(&str, &str)]| rules.lookup("d", entries).map(|m| m.lane);
+    assert_eq!(lane(&[("org", "a")]), Some(None), "no lane entry");
+    assert_eq!(
+        lane(&[("org", "a"), ("priority", "background")]),
+        Some(Some(60))
+    );
+    assert_eq!(lane(&[("org", "a"), ("priority", "batch")]), Some(Some(20)));
+    assert_eq!(
+        lane(&[("org", "a"), ("priority", "live")]),
+        Some(Some(100)),
+        "not listed"
+    );
+    assert_eq!(
+        lane(&[("org", "a"), ("user", "u")]),
+        Some(None),
+        "a child is a child"
+    );
+    // Only last, and only once.
+    assert_eq!(
+        lane(&[("org", "a"), ("priority", "batch"), ("user", "u")]),
+        None
+    );
+    assert_eq!(
+        lane(&[("org", "a"), ("priority", "a"), ("priority", "b")]),
+        None
+    );
+    let m = rules
+        .lookup("d", &[("org", "a"), ("priority", "batch")])
+        .expect("matches");
+    assert_eq!(m.rules[0].path, "d.org", "the node's own rule");
+}
+
+#[test]
+fn a_lanes_limit_is_its_share_of_the_count_or_of_a_buckets_capacity() {
+    use crate::algorithm::Algorithm;
+    let window = Limit::per_unit(50, Unit::Minute, Algorithm::FixedWindow);
+    assert_eq!(window.in_lane(60).requests_per_unit, 30);
+    assert_eq!(window.in_lane(100), window);
+    assert_eq!(window.in_lane(1).requests_per_unit, 0, "no room: refused");
+    let bucket = Limit {
+        burst: 10,
+        ..Limit::per_unit(50, Unit::Minute, Algorithm::TokenBucket)
+    };
+    let lane = bucket.in_lane(60);
+    assert_eq!(
+        (lane.requests_per_unit, lane.burst),
+        (50, 6),
+        "the rate stays"
+    );
+    assert_eq!(bucket.in_lane(5).requests_per_unit, 0, "less than a token");
+}
+
+#[test]
+fn lanes_written_wrong_are_errors_with_their_line() {
+    let cases = [
+        ("lanes: {key: priority, shares: {a: 0}}", "share of 0%"),
+        ("lanes: {key: priority, shares: {a: 101}}", "share of 101%"),
+        ("lanes: {key: org, shares: {a: 50}}", "its own key 'org'"),
+        (
+            "lanes: {key: user, shares: {a: 50}}",
+            "also a child descriptor's key",
+        ),
+        ("lanes: {key: priority}", "need shares"),
+        ("lanes: {key: priority, shares: {}}", "need shares"),
+        ("lanes: {shares: {a: 50}}", "need a key"),
+        (
+            "lanes: {key: priority, shares: {a: 50}, weights: {}}",
+            "unknown field `weights`",
+        ),
+        ("lanes: {key: priority, shares: {a: -5}}", "is negative"),
+    ];
+    for (lanes, needle) in cases {
+        let yaml = format!(
+            "domain: d
+descriptors:
+  - key: org
+    rate_limit: {{unit: minute, requests_per_unit: 50}}
+    {lanes}
+    descriptors:
+      - key: user
+        rate_limit: {{unit: minute, requests_per_unit: 5}}
+"
+        );
+        let err = RuleSet::from_yaml(&yaml).expect_err(lanes).to_string();
+        assert!(err.contains(needle), "{lanes}: {err}");
+        assert!(err.contains(":3:") || err.contains(":5:"), "a line: {err}");
+    }
+    for limit in ["rate_limit: {unlimited: true}", "descriptors: [{key: x}]"] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: org\n    {limit}\n    lanes: {{key: p, shares: {{a: 50}}}}\n"
+        );
+        let err = RuleSet::from_yaml(&yaml).expect_err(limit).to_string();
+        assert!(err.contains("and it has none"), "{limit}: {err}");
+    }
+}
