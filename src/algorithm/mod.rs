@@ -33,8 +33,11 @@
 //! test against a real Redis keeps it so.
 
 mod fixed_window;
+mod sliding_log;
 mod sliding_window;
 mod token_bucket;
+
+pub use sliding_log::{Logged, append};
 
 use crate::calendar::{Calendar, Window};
 use crate::clock::Nanos;
@@ -50,14 +53,19 @@ pub enum Algorithm {
     /// A bucket of `burst` tokens refilled at `limit` per period, as GCRA
     /// (one timestamp per key).
     TokenBucket,
+    /// Every admitted request kept with its time: exact, one entry per
+    /// admitted request in the last period (its state is a log, see
+    /// [`Algorithm::decide_log`]).
+    SlidingLog,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
+        Algorithm::SlidingLog,
     ];
 
     /// The name used in rule files and on the command line.
@@ -66,6 +74,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
         }
     }
 
@@ -74,27 +83,39 @@ impl Algorithm {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
-    /// Decides `hits` against `quota` at `now`, from `state`.
+    /// Decides `hits` against `quota` at `now`, from `state`. A sliding
+    /// log's state is its log: [`Algorithm::decide_log`] (here, an empty
+    /// one).
     pub fn decide(self, state: State, quota: &Quota, now: Nanos, hits: u64) -> Outcome {
-        let ticked = Quota {
-            period: (quota.period / NANOS_PER_TICK).max(1),
-            burst: quota.burst.max(1),
-            ..*quota
-        };
+        let ticked = quota.ticked();
         let window = quota.window_at(now);
         let now = now / NANOS_PER_TICK;
         let hits = quota.hits(hits);
-        let mut out = match self {
+        let out = match self {
             Algorithm::FixedWindow => fixed_window::decide(state, &ticked, window, now, hits),
             Algorithm::SlidingWindow => sliding_window::decide(state, &ticked, window, now, hits),
             Algorithm::TokenBucket => token_bucket::decide(state, &ticked, now, hits),
+            Algorithm::SlidingLog => sliding_log::decide(&[], &ticked, now, hits),
         };
-        out.wait = out.wait.saturating_mul(NANOS_PER_TICK);
-        if let Some((_, expires)) = &mut out.commit {
-            *expires = expires.saturating_mul(NANOS_PER_TICK);
-        }
-        out
+        in_nanos(out)
     }
+
+    /// Decides `hits` against a sliding log's `quota` at `now`, from `log`
+    /// (oldest first, times in ticks). An admission's commit is an append:
+    /// its state's `at` (ticks) and `current` (hits), for [`append`].
+    pub fn decide_log(log: &[Logged], quota: &Quota, now: Nanos, hits: u64) -> Outcome {
+        let out = sliding_log::decide(log, &quota.ticked(), now / NANOS_PER_TICK, quota.hits(hits));
+        in_nanos(out)
+    }
+}
+
+/// An outcome's times (ticks, as the algorithms count) in nanoseconds.
+fn in_nanos(mut out: Outcome) -> Outcome {
+    out.wait = out.wait.saturating_mul(NANOS_PER_TICK);
+    if let Some((_, expires)) = &mut out.commit {
+        *expires = expires.saturating_mul(NANOS_PER_TICK);
+    }
+    out
 }
 
 impl std::fmt::Display for Algorithm {
@@ -132,6 +153,21 @@ impl Quota {
             calendar: None,
             budget: false,
         }
+    }
+
+    /// This quota in the algorithms' units: its period in ticks (at least
+    /// one), its burst at least one.
+    fn ticked(&self) -> Quota {
+        Quota {
+            period: self.period_ticks(),
+            burst: self.burst.max(1),
+            ..*self
+        }
+    }
+
+    /// The period in ticks (at least one).
+    pub fn period_ticks(&self) -> u64 {
+        (self.period / NANOS_PER_TICK).max(1)
     }
 
     /// The window holding `now`, in ticks (see the module docs): the

@@ -241,7 +241,7 @@ impl Compiler {
             };
             self.add_descriptors(file, domain, (&path, &levels), &mut node.children, children);
             if let Some(lanes) = lanes {
-                node.lanes = self.lanes(file, (&path, &key), lanes, &node);
+                node.lanes = self.lanes(file, (&path, &key), *lanes, &node);
             }
 
             let rules: &mut KeyRules = level.keys.entry(Box::from(key.as_str())).or_default();
@@ -277,7 +277,9 @@ impl Compiler {
     }
 
     /// A descriptor's `lanes`, checked against the node they share: its
-    /// counted limits, its key and its children's keys.
+    /// counted limits, its key and its children's keys. Not inlined: rule
+    /// files nest, and this frame stays off the recursion's.
+    #[inline(never)]
     fn lanes(
         &mut self,
         file: &Arc<PathBuf>,

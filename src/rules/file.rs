@@ -35,7 +35,7 @@ pub(crate) struct RawDescriptor {
     pub(crate) share_threshold: Option<bool>,
     pub(crate) quota_mode: Option<bool>,
     // Tollgate's: priority lanes sharing the descriptor's counter.
-    pub(crate) lanes: Option<Spanned<RawLanes>>,
+    pub(crate) lanes: Option<Box<Spanned<RawLanes>>>,
     // Free-form in the reference; accepted and not interpreted.
     #[allow(dead_code)]
     pub(crate) metadata: Option<IgnoredAny>,

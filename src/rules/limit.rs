@@ -92,6 +92,31 @@ pub(super) fn compile(
         budget: rl.budget.as_ref().is_some_and(|b| b.value),
         lease,
     };
+    // A log keeps an entry per admitted request: millions an hour do not
+    // belong in one.
+    if algorithm == Algorithm::SlidingLog && rpu > options.max_sliding_log {
+        err(
+            rl.requests_per_unit
+                .as_ref()
+                .and_then(|r| at(&r.referenced))
+                .or(pos),
+            format!(
+                "'{path}' is a sliding_log of {rpu} requests per {}; a log keeps an entry per admitted request, and the bound is {} (--max-sliding-log; a sliding_window counts large limits in two numbers)",
+                limit.period_name(),
+                options.max_sliding_log
+            ),
+        );
+        return None;
+    }
+    if algorithm == Algorithm::SlidingLog && lease > 0 {
+        err(
+            rl.lease.as_ref().and_then(|l| at(&l.referenced)).or(pos),
+            format!(
+                "'{path}' is a sliding_log, exact by design; it cannot be leased (consistency: exact)"
+            ),
+        );
+        return None;
+    }
     // A bucket that takes centuries to refill would overflow the stores'
     // arithmetic; no one means it.
     if algorithm == Algorithm::TokenBucket
@@ -200,7 +225,7 @@ fn algorithm(
                 err(
                     at(&a.referenced).or(pos),
                     format!(
-                        "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window or token_bucket)",
+                        "unknown algorithm '{}' in '{path}' (expected fixed_window, sliding_window, token_bucket or sliding_log)",
                         a.value.0
                     ),
                 );

@@ -30,7 +30,15 @@ pub struct LoadOptions {
     /// The deepest descriptor nesting a rule file may have
     /// (`--max-rule-depth`): a bound on the parser's and compiler's stack.
     pub max_rule_depth: usize,
+    /// The largest `requests_per_unit` of a `sliding_log` limit
+    /// (`--max-sliding-log`): the log holds an entry per admitted request.
+    pub max_sliding_log: u32,
 }
+
+/// `--max-sliding-log`'s default: a sliding log keeps one entry per
+/// admitted request (16 bytes in memory, about 10 in Redis) and each
+/// decision reads the key's whole log.
+pub const DEFAULT_MAX_SLIDING_LOG: u32 = 1_000;
 
 /// `--max-rule-depth`'s default: descriptors nested 16 deep. Parsing and
 /// compiling recurse per level: at this depth a rule file loads even on a
@@ -56,6 +64,7 @@ impl Default for LoadOptions {
             algorithm_override: None,
             max_rule_nodes: DEFAULT_MAX_RULE_NODES,
             max_rule_depth: DEFAULT_MAX_RULE_DEPTH,
+            max_sliding_log: DEFAULT_MAX_SLIDING_LOG,
         }
     }
 }

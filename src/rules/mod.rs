@@ -24,8 +24,8 @@ use crate::clock::NANOS_PER_SEC;
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
 pub use load::{
-    DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, LoadOptions, load_paths, load_sources,
-    rule_files,
+    DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG, LoadOptions,
+    load_paths, load_sources, rule_files,
 };
 pub(crate) use matcher::ShapeEntry;
 pub use matcher::{Matched, WalkedEntries};

@@ -33,6 +33,12 @@ pub(crate) struct RuleLoadArgs {
     /// `descriptors:`). A bound on the parser's and compiler's stack.
     #[arg(long, env = "TOLLGATE_MAX_RULE_DEPTH", default_value_t = crate::rules::DEFAULT_MAX_RULE_DEPTH, value_parser = clap::value_parser!(usize))]
     pub max_rule_depth: usize,
+
+    /// The largest requests_per_unit of an `algorithm: sliding_log` limit:
+    /// the log keeps an entry per admitted request in its period (16 bytes
+    /// in memory, about 10 in Redis) and each decision reads it whole.
+    #[arg(long, env = "TOLLGATE_MAX_SLIDING_LOG", default_value_t = crate::rules::DEFAULT_MAX_SLIDING_LOG, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_sliding_log: u32,
 }
 
 impl RuleLoadArgs {
@@ -45,6 +51,7 @@ impl RuleLoadArgs {
             algorithm_override: None,
             max_rule_nodes: self.max_rule_nodes,
             max_rule_depth: self.max_rule_depth,
+            max_sliding_log: self.max_sliding_log,
         }
     }
 

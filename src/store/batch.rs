@@ -4,7 +4,7 @@
 //! denied.
 
 use super::CounterKey;
-use crate::algorithm::{Algorithm, Outcome, Quota, State};
+use crate::algorithm::{Algorithm, Logged, Outcome, Quota, State, append};
 use crate::clock::Nanos;
 
 /// What to write back, per check.
@@ -123,30 +123,56 @@ pub fn refused<'a>(checks: impl IntoIterator<Item = &'a Check>) -> bool {
     quota > 0 && quota == quota_denied
 }
 
-/// Decides `checks` from `states` (one per check, as currently stored) and
-/// fills their outcomes. Returns, for each check, the state to write (with its
-/// expiry) when the request is admitted, or `None` everywhere when it is not.
-pub fn decide_batch(checks: &mut [Check], states: &[State], now: Nanos) -> Commits {
+/// Decides `checks` from `states` (one per check, as currently stored; a
+/// sliding log's is its entry of `logs`, empty for the others) and fills
+/// their outcomes. Returns, for each check, the state to write (with its
+/// expiry) when the request is admitted, or `None` everywhere when it is
+/// not; a sliding log's state is an append (see [`crate::algorithm::append`]).
+pub fn decide_batch(
+    checks: &mut [Check],
+    states: &[State],
+    logs: &[&[Logged]],
+    now: Nanos,
+) -> Commits {
     let mut pending: Commits = smallvec::smallvec![None; checks.len()];
     // The counter's state after each check: what it committed, or what it
     // saw when it changed nothing (a denial, a check of zero hits).
     let mut after: smallvec::SmallVec<[State; 4]> = smallvec::SmallVec::with_capacity(checks.len());
     let earlier = earlier_checks(checks);
+    let log_of = |i: usize| logs.get(i).copied().unwrap_or(&[]);
     for i in 0..checks.len() {
         // An earlier check of the same counter in this request sees through,
         // as the Redis script reads its own pending writes.
         let state = earlier[i].map_or(states[i], |j| after[j]);
-        let check = &mut checks[i];
-        let outcome = check.algorithm.decide(state, &check.quota, now, check.hits);
+        let check = &checks[i];
+        let outcome = match (check.algorithm, earlier[i]) {
+            (Algorithm::SlidingLog, None) => {
+                Algorithm::decide_log(log_of(i), &check.quota, now, check.hits)
+            }
+            (Algorithm::SlidingLog, Some(_)) => {
+                // The log with what this request's earlier checks of it add.
+                let mut log = log_of(i).to_vec();
+                for j in 0..i {
+                    if let (true, Some((added, _))) = (checks[j].key == check.key, pending[j]) {
+                        append(&mut log, added, check.quota.period_ticks());
+                    }
+                }
+                Algorithm::decide_log(&log, &check.quota, now, check.hits)
+            }
+            (algorithm, _) => algorithm.decide(state, &check.quota, now, check.hits),
+        };
         pending[i] = outcome.commit;
         after.push(outcome.commit.map_or(state, |(s, _)| s));
-        check.outcome = Some(outcome);
+        checks[i].outcome = Some(outcome);
     }
     if refused(checks.iter()) {
         // Nothing is spent: report what is left without this request's hits.
-        for (check, state) in checks.iter_mut().zip(states) {
+        for (i, (check, state)) in checks.iter_mut().zip(states).enumerate() {
             if let Some(outcome) = check.outcome.as_mut().filter(|o| o.allowed) {
-                let unspent = check.algorithm.decide(*state, &check.quota, now, 0);
+                let unspent = match check.algorithm {
+                    Algorithm::SlidingLog => Algorithm::decide_log(log_of(i), &check.quota, now, 0),
+                    algorithm => algorithm.decide(*state, &check.quota, now, 0),
+                };
                 outcome.remaining = unspent.remaining;
                 outcome.commit = None;
             }

@@ -22,7 +22,7 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use super::{Check, CounterKey, ScopeTag, StoreError, decide_batch};
-use crate::algorithm::State;
+use crate::algorithm::{Algorithm, Logged, State, append};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// How the memory store is sized.
@@ -70,17 +70,36 @@ struct Slot {
     scope: u64,
 }
 
+/// A sliding log's entries (oldest first), and whose they are.
+#[derive(Debug)]
+struct LogSlot {
+    log: Vec<Logged>,
+    expires: u32,
+    scope: u64,
+}
+
 #[derive(Debug, Default)]
 struct Shard {
     table: hashbrown::HashTable<Entry>,
     /// Keys whose hash collided with another key's (normally empty).
     overflow: HashMap<Box<[u8]>, Slot>,
+    /// Sliding logs, by their keys' bytes: a log is many entries, not a
+    /// 16-byte state, and the algorithm is for small limits.
+    logs: HashMap<Box<[u8]>, LogSlot>,
+}
+
+impl Shard {
+    /// Keys held: counters and logs.
+    fn len(&self) -> usize {
+        self.table.len() + self.overflow.len() + self.logs.len()
+    }
 }
 
 /// Where one check's state is, inside a locked shard.
 enum Place {
     Table(u64, u32),
     Overflow,
+    Log,
 }
 
 /// The embedded store.
@@ -137,35 +156,56 @@ impl MemoryStore {
 
         let mut places: SmallVec<[Place; 4]> = SmallVec::new();
         let mut states: SmallVec<[State; 4]> = SmallVec::new();
+        let mut logs: SmallVec<[&[Logged]; 4]> = SmallVec::new();
         for (check, &(shard, hash, tag)) in checks.iter().zip(&located) {
-            let guard = &mut guards[shard_of(shard)].1;
+            let guard = &guards[shard_of(shard)].1;
+            if check.algorithm == Algorithm::SlidingLog {
+                places.push(Place::Log);
+                states.push(State::default());
+                logs.push(guard.logs.get(check.key.as_bytes()).map_or(&[], |l| &l.log));
+                continue;
+            }
             let (place, state) = find(guard, &check.key, hash, tag);
             places.push(place);
             states.push(state);
+            logs.push(&[]);
         }
-        let commits = decide_batch(checks, &states, now);
+        let commits = decide_batch(checks, &states, &logs, now);
+        drop(logs);
         let now_secs = (now / NANOS_PER_SEC) as u32;
         // Room for every new key is made (or found missing) before anything
         // is written: a request the store cannot hold whole spends nothing.
         let new_keys = |shard: usize, guard: &Shard| {
             let mut hashes: SmallVec<[u64; 4]> = SmallVec::new();
-            for ((commit, place), located) in commits.iter().zip(&places).zip(&located) {
-                if let (Some(_), Place::Table(hash, _), true) = (commit, place, located.0 == shard)
-                    && !hashes.contains(hash)
-                    && guard.table.find(*hash, |e| e.hash == *hash).is_none()
-                {
-                    hashes.push(*hash);
+            let mut logs: SmallVec<[&[u8]; 1]> = SmallVec::new();
+            for (((commit, place), located), check) in
+                commits.iter().zip(&places).zip(&located).zip(checks.iter())
+            {
+                match (commit, place, located.0 == shard) {
+                    (Some(_), Place::Table(hash, _), true)
+                        if !hashes.contains(hash)
+                            && guard.table.find(*hash, |e| e.hash == *hash).is_none() =>
+                    {
+                        hashes.push(*hash);
+                    }
+                    (Some(_), Place::Log, true)
+                        if !logs.contains(&check.key.as_bytes())
+                            && !guard.logs.contains_key(check.key.as_bytes()) =>
+                    {
+                        logs.push(check.key.as_bytes());
+                    }
+                    _ => {}
                 }
             }
-            hashes.len()
+            hashes.len() + logs.len()
         };
         for (shard, guard) in guards.iter_mut() {
             // Cheap bound first: the hot path never counts.
-            if guard.table.len() + checks.len() > self.max_per_shard
-                && guard.table.len() + new_keys(*shard, guard) > self.max_per_shard
+            if guard.len() + checks.len() > self.max_per_shard
+                && guard.len() + new_keys(*shard, guard) > self.max_per_shard
             {
                 sweep_shard(guard, now_secs);
-                if guard.table.len() + new_keys(*shard, guard) > self.max_per_shard {
+                if guard.len() + new_keys(*shard, guard) > self.max_per_shard {
                     return Err(StoreError::Full {
                         max_keys: self.max_keys,
                     });
@@ -194,7 +234,9 @@ impl MemoryStore {
         for key in keys {
             let (shard, hash, tag) = self.locate(key);
             let mut shard = self.shards[shard].lock();
-            if shard.overflow.remove(key.as_bytes()).is_some() {
+            if shard.overflow.remove(key.as_bytes()).is_some()
+                || shard.logs.remove(key.as_bytes()).is_some()
+            {
                 removed += 1;
                 continue;
             }
@@ -217,10 +259,11 @@ impl MemoryStore {
         let mut removed = 0;
         for shard in &self.shards {
             let mut shard = shard.lock();
-            let before = shard.table.len() + shard.overflow.len();
+            let before = shard.len();
             shard.table.retain(|e| !scope.holds(e.scope));
             shard.overflow.retain(|_, s| !scope.holds(s.scope));
-            removed += before - shard.table.len() - shard.overflow.len();
+            shard.logs.retain(|_, s| !scope.holds(s.scope));
+            removed += before - shard.len();
         }
         removed
     }
@@ -237,13 +280,7 @@ impl MemoryStore {
 
     /// The number of keys held.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = s.lock();
-                s.table.len() + s.overflow.len()
-            })
-            .sum()
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Whether no key is held.
@@ -261,6 +298,7 @@ fn write(shard: &mut Shard, place: &Place, check: &Check, state: State, expires:
         scope,
     };
     match *place {
+        Place::Log => append_log(shard, check, state, expires),
         Place::Overflow => {
             shard.overflow.insert(key.as_bytes().into(), slot);
         }
@@ -309,10 +347,28 @@ fn find(shard: &Shard, key: &CounterKey, hash: u64, tag: u32) -> (Place, State) 
 }
 
 fn sweep_shard(shard: &mut Shard, now_secs: u32) -> usize {
-    let before = shard.table.len() + shard.overflow.len();
+    let before = shard.len();
     shard.table.retain(|e| e.expires > now_secs);
     shard.overflow.retain(|_, s| s.expires > now_secs);
-    before - shard.table.len() - shard.overflow.len()
+    shard.logs.retain(|_, s| s.expires > now_secs);
+    before - shard.len()
+}
+
+/// Adds an admitted request to its sliding log (`added`: when and how many
+/// hits, see [`crate::algorithm::append`]); room for a new log was made
+/// beforehand.
+fn append_log(shard: &mut Shard, check: &Check, added: State, expires: u32) {
+    let slot = shard
+        .logs
+        .entry(check.key.as_bytes().into())
+        .or_insert_with(|| LogSlot {
+            log: Vec::new(),
+            expires,
+            scope: check.scope,
+        });
+    append(&mut slot.log, added, check.quota.period_ticks());
+    slot.expires = expires;
+    slot.scope = check.scope;
 }
 
 #[cfg(test)]

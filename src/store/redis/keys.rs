@@ -30,7 +30,7 @@ impl KeyNames {
     pub(super) fn count(algorithm: Algorithm) -> usize {
         match algorithm {
             Algorithm::SlidingWindow => 2,
-            Algorithm::FixedWindow | Algorithm::TokenBucket => 1,
+            Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::SlidingLog => 1,
         }
     }
 
@@ -65,7 +65,7 @@ impl KeyNames {
         let names = match parts.algorithm {
             Algorithm::FixedWindow => [numbered(window), String::new()],
             Algorithm::SlidingWindow => [numbered(window), numbered(window.saturating_sub(1))],
-            Algorithm::TokenBucket => [base, String::new()],
+            Algorithm::TokenBucket | Algorithm::SlidingLog => [base, String::new()],
         };
         Self {
             names,
@@ -86,6 +86,7 @@ impl KeyNames {
             Algorithm::FixedWindow,
             Algorithm::SlidingWindow,
             Algorithm::TokenBucket,
+            Algorithm::SlidingLog,
         ]
         .iter()
         .any(|&a| algorithm_code(a) == code)
@@ -206,6 +207,7 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindow => "sw",
         Algorithm::TokenBucket => "tb",
+        Algorithm::SlidingLog => "sl",
     }
 }
 
@@ -215,6 +217,7 @@ pub(super) fn script_code(algorithm: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "f",
         Algorithm::SlidingWindow => "s",
         Algorithm::TokenBucket => "t",
+        Algorithm::SlidingLog => "l",
     }
 }
 

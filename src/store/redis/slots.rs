@@ -193,6 +193,7 @@ impl Exact {
                     (c.quota.period / NANOS_PER_TICK).max(1),
                     u64::from(c.quota.burst.max(1)),
                 ),
+                Algorithm::SlidingLog => (c.quota.period_ticks(), 0),
                 _ => (window.start, window.end),
             };
             let hits = c.quota.hits(if spend { c.hits } else { 0 });
