@@ -47,6 +47,12 @@
 //! `store`); the rest are the crate's own, reached through the re-exports
 //! below. `docs/ARCHITECTURE.md` draws the layers and a request's path.
 
+// The admin router's handlers hold futures that reach the Redis store's
+// layers; proving them `Send + Sync` takes the trait solver past its default
+// depth of 128 (E0275 on `post(json)`), and small changes on the reset path
+// cross it.
+#![recursion_limit = "256"]
+
 // The public surface: the pure algorithms, time, the rules, the limiter and
 // the stores, which a program embedding Tollgate's decisions needs; and, at
 // the root, what the `tollgate` binary and the load tools run. Everything

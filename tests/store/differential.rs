@@ -1,6 +1,6 @@
 //! The memory store and the Redis scripts decide alike: random sequences of
 //! requests (descriptors, hits from 0 to u64::MAX, limits from 0 to
-//! u32::MAX over every unit, all three algorithms, unit multipliers,
+//! u32::MAX over every unit, all four algorithms, unit multipliers,
 //! calendar windows, budgets, several limits per descriptor, quota mode,
 //! limits sent in the request, clock jumps from a microsecond to a year) go through two
 //! limiters on one manual clock, one on the memory store and one on a real
@@ -68,6 +68,18 @@ descriptors:
       - {unit: second, requests_per_unit: 2, algorithm: token_bucket}
       - {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
       - {unit: hour, requests_per_unit: 9, algorithm: sliding_window, budget: true}
+  - key: sl1
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: sliding_log}
+  - key: sl2
+    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: sliding_log}
+  - key: sl3
+    rate_limit: {unit: second, unit_multiplier: 7, requests_per_unit: 1000, algorithm: sliding_log}
+  - key: bsl
+    rate_limit: {unit: minute, requests_per_unit: 5, budget: true, algorithm: sliding_log}
+  - key: msl
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, algorithm: sliding_log}
+      - {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
   - key: q1
     quota_mode: true
     rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
@@ -76,9 +88,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
 ";
 
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 27] = [
     "fw1", "fw2", "sw1", "sw2", "sw3", "sw4", "tb1", "tb2", "tb3", "tb4", "zero", "fw5", "sw7",
-    "tb5", "month", "days", "bfw", "bsw", "btb", "multi", "q1", "q2",
+    "tb5", "month", "days", "bfw", "bsw", "btb", "multi", "sl1", "sl2", "sl3", "bsl", "msl", "q1",
+    "q2",
 ];
 
 /// A real Redis (standalone or a 3-master Cluster) and one runtime, shared

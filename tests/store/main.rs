@@ -18,3 +18,4 @@ mod redis_config;
 mod redis_faults;
 mod redis_sentinel;
 mod redis_store;
+mod sliding_log;

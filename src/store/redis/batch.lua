@@ -12,12 +12,13 @@
 --   now, in microseconds since the epoch (the caller's clock: key names
 --   carry the window number, so the caller must know it),
 --   and nine per check:
---   algorithm (the byte 'f', 's' or 't'),
+--   algorithm (the byte 'f', 's', 't' or 'l'),
 --   the key's index in KEYS,
 --   sliding window: the previous window's key's index in KEYS (else 0),
 --   limit,
---   windows: the window's first µs; token bucket: the period (µs),
---   windows: the window's end (µs);  token bucket: the burst,
+--   windows: the window's first µs; token bucket and sliding log: the
+--   period (µs),
+--   windows: the window's end (µs);  token bucket: the burst (else 0),
 --   cost (admission needs room for this many; at least 1),
 --   charge (admission spends this many; 0 for a check),
 --   enforcement (a byte): '1' enforced, '0' shadow (never blocks), 'q' quota
@@ -46,7 +47,10 @@
 -- cannot exist, even for an instant. A window counter that exists already
 -- carries the expiry its window fixes, and is only INCRBY'd (which keeps
 -- it); a token bucket's expiry moves with its value, so it is always SET.
--- Nothing is written for a refused request.
+-- Nothing is written for a refused request. A sliding log ('l') is a
+-- MessagePack array, read and written whole (SET ... PXAT); it has no
+-- receipt entry: a call cancelled late leaves its hits in the log, on the
+-- side of refusing (the log never admits more than its limit).
 --
 -- Written for Redis's per-call cost: one MGET for every key of the call, no
 -- closures per check.
@@ -71,7 +75,7 @@ local pending, pending_exp, pending_order = {}, {}, {}
 -- Every key the call may read, in one MGET: one redis.call per call
 -- instead of one per key (a call from Lua costs more than the read itself).
 -- `raw`: what Redis holds, as it holds it, for keys that hold a number.
-local stored, raw = {}, {}
+local stored, raw, blob = {}, {}, {}
 -- unpack() is bounded by Lua's stack (8,000 values): slices.
 for from = 1, #KEYS, 4000 do
   local to = math.min(#KEYS, from + 3999)
@@ -80,7 +84,7 @@ for from = 1, #KEYS, 4000 do
     local r = values[i - from + 1]
     local v = tonumber(r or 'nil')
     stored[i] = v or 0
-    if v ~= nil then raw[i] = r end
+    if v ~= nil then raw[i] = r elseif r then blob[i] = r end
   end
   if receipt and to == #KEYS then receipt_was = values[to - from + 1] end
 end
@@ -98,6 +102,33 @@ local function read(key)
   v = committed[key]
   if v ~= nil then return v end
   return stored[key] or 0
+end
+
+-- A sliding log, decoded once per call: what this call wrote, else what
+-- Redis holds (anything but a MessagePack array of numbers: empty).
+local logs = {}
+local function read_log(key)
+  local v = pending[key]
+  if v ~= nil then return v end
+  v = committed[key]
+  if v ~= nil then return v end
+  v = logs[key]
+  if v == nil then
+    v = {}
+    local r = blob[key]
+    if r then
+      local ok, t = pcall(cmsgpack.unpack, r)
+      if ok and type(t) == 'table' and #t % 2 == 0 then
+        local numbers = true
+        for i = 1, #t do
+          if type(t[i]) ~= 'number' then numbers = false end
+        end
+        if numbers then v = t end
+      end
+    end
+    logs[key] = v
+  end
+  return v
 end
 
 local function commit(key, value, expires)
@@ -123,7 +154,7 @@ local function several(first, checks, now, o)
     local k1 = input[b + 1]
     local allowed, remaining, wait, value, expires = ALG[input[b]](
       k1, input[b + 2], now, input[b + 3], input[b + 4], input[b + 5], input[b + 6],
-      input[b + 7], read)
+      input[b + 7], read, read_log)
     local enforce = input[b + 8]
     if enforce == ENFORCED then
       if allowed == 0 then blocked = true end
@@ -155,7 +186,7 @@ local function several(first, checks, now, o)
         local b = first + i * FIELDS
         local _, remaining = ALG[input[b]](
           input[b + 1], input[b + 2], now, input[b + 3], input[b + 4], input[b + 5],
-          1, 0, read)
+          1, 0, read, read_log)
         out[o + i * 3 + 2] = remaining
       end
     end
@@ -187,7 +218,7 @@ for _ = 1, input[1] do
     -- undo: what it would write is committed at once.
     local allowed, remaining, wait, value, expires = ALG[input[first]](
       input[first + 1], input[first + 2], now, input[first + 3], input[first + 4],
-      input[first + 5], input[first + 6], input[first + 7], read)
+      input[first + 5], input[first + 6], input[first + 7], read, read_log)
     if value ~= nil then
       commit(input[first + 1], value, expires)
       if input[first] ~= TOKEN then windowed[input[first + 1]] = true end
@@ -215,9 +246,12 @@ local undo = {}
 for _, key in ipairs(committed_order) do
   local value = committed[key]
   local was = stored[key]
-  undo[#undo + 1] = key
-  undo[#undo + 1] = value - was
-  if windowed[key] and value < EXACT and raw[key] == integer(was) then
+  if type(value) == 'table' then
+    redis.call('SET', KEYS[key], cmsgpack.pack(value), 'PXAT',
+      integer(math.ceil(committed_exp[key] / 1000)))
+  elseif windowed[key] and value < EXACT and raw[key] == integer(was) then
+    undo[#undo + 1] = key
+    undo[#undo + 1] = value - was
     -- A window counter that exists already has the expiry its window gives
     -- it (every write of a new key sets it, below): INCRBY keeps it, and
     -- costs Redis about 60 % of a SET with PXAT on a key out of the cache.
@@ -226,6 +260,8 @@ for _, key in ipairs(committed_order) do
     -- INCRBY error would fail the whole call, everyone's requests in it.
     redis.call('INCRBY', KEYS[key], integer(value - was))
   else
+    undo[#undo + 1] = key
+    undo[#undo + 1] = value - was
     redis.call('SET', KEYS[key], integer(value), 'PXAT',
       integer(math.ceil(committed_exp[key] / 1000)))
   end

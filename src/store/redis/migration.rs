@@ -157,10 +157,11 @@ impl Migrating {
             if !allowed || check.charge == 0 {
                 continue;
             }
-            let interval = if check.code == b't' {
-                (check.start_or_period / u64::from(check.limit.max(1))).max(1)
-            } else {
-                1
+            let interval = match check.code {
+                b't' => (check.start_or_period / u64::from(check.limit.max(1))).max(1),
+                // The entry of the request's time.
+                b'l' => part.now_us,
+                _ => 1,
             };
             let refunded = self
                 .refunds

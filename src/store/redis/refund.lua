@@ -4,8 +4,33 @@
 -- KEYS: one per check, the counter its hits went to (for the sliding window,
 --   the current window's: the previous one is only read). A check of one
 --   key is a call Redis serves on either node of a slot being migrated.
--- ARGV[1..]: three per check: algorithm ('f', 's' or 't'), hits, interval (µs, token bucket).
+-- ARGV[1..]: three per check: algorithm ('f', 's', 't' or 'l'), hits, and
+--   the interval between a token bucket's tokens or a sliding log's request
+--   time (µs).
 -- Returns the number of keys changed. Expiries are kept (KEEPTTL).
+
+-- A sliding log ('l') gives back its hits at the request's time (the third
+-- argument, µs) from the entry of that time.
+local function refund_log(key, hits, at)
+  local r = redis.call('GET', key)
+  if not r or hits <= 0 then return 0 end
+  local ok, log = pcall(cmsgpack.unpack, r)
+  if not ok or type(log) ~= 'table' then return 0 end
+  for j = 1, #log - 1, 2 do
+    if log[j] == at then
+      local left = log[j + 1] - hits
+      if left > 0 then
+        log[j + 1] = left
+      else
+        table.remove(log, j + 1)
+        table.remove(log, j)
+      end
+      redis.call('SET', key, cmsgpack.pack(log), 'KEEPTTL')
+      return 1
+    end
+  end
+  return 0
+end
 
 local changed = 0
 local next_key = 1
@@ -15,7 +40,12 @@ for i = 1, #ARGV / 3 do
   local interval = tonumber(ARGV[(i - 1) * 3 + 3])
   local key = KEYS[next_key]
   next_key = next_key + 1
-  local v = tonumber(redis.call('GET', key) or 'nil')
+  local v = nil
+  if alg == 'l' then
+    changed = changed + refund_log(key, hits, interval)
+  else
+    v = tonumber(redis.call('GET', key) or 'nil')
+  end
   if v ~= nil and hits > 0 then
     local back = hits
     if alg == 't' then back = hits * interval end

@@ -13,7 +13,7 @@ use super::options::RedisOptions;
 use super::part::Group;
 use super::route::Route;
 use super::script::{Invocation, Lua, Script};
-use crate::algorithm::NANOS_PER_TICK;
+use crate::algorithm::{Algorithm, NANOS_PER_TICK};
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};
 
@@ -42,6 +42,7 @@ impl Refunds {
         &self,
         checks: &[Check],
         groups: impl Iterator<Item = &'g (Slot, Group)>,
+        now: Nanos,
     ) -> Result<(), StoreError> {
         let refunds = groups.map(|(slot, group)| {
             let mut inv = self.refund.prepare_invoke();
@@ -56,7 +57,7 @@ impl Refunds {
                 } else {
                     0
                 };
-                refund_args(&mut inv, c, committed);
+                refund_args(&mut inv, c, committed, now);
             }
             async move { self.route.invoke(*slot, &inv).await }
         });
@@ -75,14 +76,15 @@ impl Refunds {
                 let window = check.quota.window_at(now);
                 // The counter the hits went to (see refund.lua).
                 inv.key(KeyNames::of(&self.prefix, &check.key, window.index).first());
-                refund_args(&mut inv, check, check.charge());
+                refund_args(&mut inv, check, check.charge(), now);
                 async move { self.route.invoke(inv.slot(), &inv).await }
             });
         self.all(refunds).await
     }
 
     /// Gives back `charge` hits of counter `key` in `slot` (`code`: its
-    /// algorithm's script code; `interval`: a token bucket's, in µs),
+    /// algorithm's script code; `interval`: a token bucket's, or a sliding
+    /// log's request time, in µs),
     /// within the store's timeout.
     pub(super) async fn key(
         &self,
@@ -117,11 +119,15 @@ impl Refunds {
 }
 
 /// One check's arguments for `refund.lua`: its algorithm, the `hits` to give
-/// back, and the interval between a token bucket's tokens (µs).
-fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64) {
-    let period = (check.quota.period / NANOS_PER_TICK).max(1);
-    let interval = period / u64::from(check.quota.limit.max(1));
-    inv.arg(script_code(check.algorithm))
-        .arg(hits)
-        .arg(interval.max(1));
+/// back, and the interval between a token bucket's tokens (µs) or, for a
+/// sliding log, the request's time `now` (µs: the entry its hits went to).
+fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64, now: Nanos) {
+    let third = match check.algorithm {
+        Algorithm::SlidingLog => now / NANOS_PER_TICK,
+        _ => {
+            let period = (check.quota.period / NANOS_PER_TICK).max(1);
+            (period / u64::from(check.quota.limit.max(1))).max(1)
+        }
+    };
+    inv.arg(script_code(check.algorithm)).arg(hits).arg(third);
 }

@@ -149,7 +149,7 @@ impl Exact {
             .zip(&answered)
             .filter(|((_, g), answered)| **answered && !g.refused_here(ro))
             .map(|(g, _)| g);
-        if let Err(refund) = self.refunds.groups(ro, committed).await {
+        if let Err(refund) = self.refunds.groups(ro, committed, now).await {
             tracing::warn!(error = %refund, "refund after a failed Cluster slot failed; the hits its other slots took stay spent");
         }
         for check in checks.iter_mut() {
@@ -239,7 +239,7 @@ impl Exact {
             return;
         }
         let committed = groups.iter().filter(|(_, g)| !g.refused_here(ro));
-        if let Err(error) = self.refunds.groups(ro, committed).await {
+        if let Err(error) = self.refunds.groups(ro, committed, now).await {
             tracing::warn!(%error, "refund across Cluster slots failed; the refused request's hits stay spent");
             return;
         }

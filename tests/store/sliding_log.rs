@@ -1,0 +1,153 @@
+//! The sliding log (`algorithm: sliding_log`, issue 42): exact on the
+//! memory store, a real Redis and a real Redis Cluster. Many clients racing
+//! for one key get exactly the limit; a refusal says when the oldest counted
+//! hit leaves; a request refused by another hash slot spends nothing of the
+//! log (the Cluster's refund).
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::{Served, ask, request};
+
+const RULES: &str = "domain: log
+descriptors:
+  - key: reset
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_log}
+  - key: race
+    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_log}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 0}
+";
+
+/// Five password resets an hour, exactly; the sixth is told to wait until
+/// the first leaves, about an hour.
+async fn exact_with_the_wait_of_the_oldest(server: &Served) {
+    let mut client = server.client().await;
+    for i in 0..5 {
+        let answer = ask(&mut client, request("log", &[&[("reset", "ann")]])).await;
+        assert_eq!(answer.overall_code, Code::Ok as i32, "reset {i}");
+        assert_eq!(answer.statuses[0].limit_remaining, 4 - i);
+    }
+    let refused = ask(&mut client, request("log", &[&[("reset", "ann")]])).await;
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    let wait = refused.statuses[0]
+        .duration_until_reset
+        .expect("a wait")
+        .seconds;
+    assert!(
+        (3590..=3600).contains(&wait),
+        "until the first leaves: {wait} s"
+    );
+    // hits_addend: three at once need three free places.
+    let three = RateLimitRequest {
+        hits_addend: 3,
+        ..request("log", &[&[("reset", "bob")]])
+    };
+    assert_eq!(
+        ask(&mut client, three.clone()).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        ask(&mut client, three).await.overall_code,
+        Code::OverLimit as i32
+    );
+    let two = RateLimitRequest {
+        hits_addend: 2,
+        ..request("log", &[&[("reset", "bob")]])
+    };
+    assert_eq!(ask(&mut client, two).await.overall_code, Code::Ok as i32);
+}
+
+/// 16 clients, 10 requests each, one key of 50: exactly 50.
+async fn racing_clients_get_exactly_the_limit(server: &Served) {
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0;
+            for _ in 0..10 {
+                let answer = ask(&mut client, request("log", &[&[("race", "r")]])).await;
+                ok += usize::from(answer.overall_code == Code::Ok as i32);
+            }
+            ok
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("client");
+    }
+    assert_eq!(admitted, 50);
+}
+
+/// A request whose other descriptor is refused spends nothing of the log,
+/// whichever store (and, on a Cluster, slot) holds each.
+async fn a_refused_request_spends_nothing(server: &Served) {
+    let mut client = server.client().await;
+    for _ in 0..4 {
+        let both = request("log", &[&[("reset", "cy")], &[("closed", "x")]]);
+        assert_eq!(
+            ask(&mut client, both).await.overall_code,
+            Code::OverLimit as i32
+        );
+    }
+    for i in 0..5 {
+        let answer = ask(&mut client, request("log", &[&[("reset", "cy")]])).await;
+        assert_eq!(
+            answer.overall_code,
+            Code::Ok as i32,
+            "request {i}: nothing was spent"
+        );
+    }
+}
+
+async fn everything(server: &Served) {
+    exact_with_the_wait_of_the_oldest(server).await;
+    racing_clients_get_exactly_the_limit(server).await;
+    a_refused_request_spends_nothing(server).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sliding_log_on_the_memory_store() {
+    everything(&Served::start(RULES, &[])).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sliding_log_on_redis_and_a_cluster() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Served::start(
+        RULES,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "2s",
+        ],
+    );
+    everything(&server).await;
+    let logs: Vec<String> = redis
+        .counters_with_ttl()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.contains(":sl:"))
+        .collect();
+    assert_eq!(logs.len(), 4, "one key per client's log: {logs:?}");
+
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let server = Served::start(
+        RULES,
+        &[
+            "--store",
+            "redis-cluster",
+            "--redis-url",
+            &urls,
+            "--redis-timeout",
+            "2s",
+        ],
+    );
+    everything(&server).await;
+}
