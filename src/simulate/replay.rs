@@ -63,6 +63,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
                 requests: 0,
                 admitted: 0,
                 refused: 0,
+                tagged: 0,
                 peak_usage: 0.0,
                 top_refused: Vec::new(),
                 series: vec![Bin::default(); bins],
@@ -121,7 +122,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
         refused += u64::from(decision.over_limit);
         let slot = ((event.at - start) / bin.max(1)) as usize;
         for (i, status) in decision.statuses.iter().enumerate() {
-            for (applied, over, remaining, _) in status.limits() {
+            for (applied, over, remaining, _, tagged) in status.limits() {
                 let Some(t) = applied.rule.and_then(|i| by_rule.get(i).copied().flatten()) else {
                     continue;
                 };
@@ -143,6 +144,11 @@ pub(crate) fn replay<E: Borrow<Event>>(
                     }
                 } else {
                     r.admitted += 1;
+                }
+                // Over a soft limit: admitted, and counted as over it.
+                if tagged {
+                    r.tagged += 1;
+                    r.series[slot].tagged += 1;
                 }
                 if t.limit > 0 {
                     let used = f64::from(t.limit.saturating_sub(remaining)) / f64::from(t.limit);
