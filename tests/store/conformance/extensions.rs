@@ -243,7 +243,10 @@ pub(crate) async fn a_soft_limit_admits_and_tags_and_spends_as_shadow_mode_does(
     for i in 0..2 {
         let d = h.ask(&[soft, org], 0).await;
         assert!(!d.over_limit, "request {i}");
-        assert!(d.request_headers.is_empty(), "request {i}: within the limit");
+        assert!(
+            d.request_headers.is_empty(),
+            "request {i}: within the limit"
+        );
     }
     for i in 0..2 {
         let d = h.ask(&[soft, org], 0).await;
