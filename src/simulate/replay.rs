@@ -211,3 +211,57 @@ pub(crate) fn bin_for(span: Nanos, most: u64) -> Nanos {
         .find(|step| span / step < most)
         .unwrap_or(86_400 * NANOS_PER_SEC)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_over_a_soft_limit_are_counted_over_it_and_admitted() {
+        let rules = RuleSet::from_yaml(
+            "domain: d
+descriptors:
+  - key: user
+    over_limit: tag
+    rate_limit: {name: soft, unit: minute, requests_per_unit: 2}
+  - key: org
+    rate_limit: {name: hard, unit: minute, requests_per_unit: 2}
+",
+        )
+        .expect("rules");
+        let start = 1_000 * 60 * NANOS_PER_SEC;
+        let event = |i: u64, key: &str| Event {
+            at: start + i * NANOS_PER_SEC,
+            domain: Arc::from("d"),
+            descriptors: smallvec::smallvec![smallvec::smallvec![(Arc::from(key), Arc::from("a"))]],
+            hits: 0,
+        };
+        let events: Vec<Event> = (0..5)
+            .map(|i| event(i, "user"))
+            .chain((5..10).map(|i| event(i, "org")))
+            .collect();
+        let end = events.last().map_or(start, |e| e.at);
+        let result = replay("s", rules, &events, (start, end), NANOS_PER_SEC, &|_| {});
+        let rule = |name: &str| {
+            result
+                .rules
+                .iter()
+                .find(|r| r.name.as_deref() == Some(name))
+                .expect("rule")
+        };
+        let soft = rule("soft");
+        assert_eq!(
+            (soft.requests, soft.admitted, soft.refused, soft.tagged),
+            (5, 5, 0, 3)
+        );
+        assert_eq!(soft.series.iter().map(|b| b.tagged).sum::<u64>(), 3);
+        let hard = rule("hard");
+        assert_eq!((hard.admitted, hard.refused, hard.tagged), (2, 3, 0));
+        assert_eq!(result.refused, 3, "only the hard limit refused");
+        let text = crate::report::summary_text(std::slice::from_ref(&result));
+        assert!(
+            text.contains("over its soft limit (over_limit: tag), admitted and tagged: 3 (60.0 %)"),
+            "{text}"
+        );
+    }
+}
