@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::headers::Wait;
-use super::{DescriptorStatus, LimitStatus};
+use super::types::{DescriptorStatus, LimitStatus};
 
 /// The request header that names the soft limits a request is over.
 pub const OVER_LIMIT_HEADER: &str = "x-tollgate-over-limit";

@@ -8,7 +8,7 @@
 //! refuse nothing, and advertising them would have clients slow down for a
 //! limit that is only being watched, or that only tags their requests.
 
-use super::{AppliedLimit, DescriptorStatus};
+use super::types::{AppliedLimit, DescriptorStatus};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.

@@ -34,9 +34,8 @@ pub(super) fn of(
         return Err((
             pos,
             format!(
-                "'{path}' has over_limit: '{}'; the one value is `tag` (admit and tag the \
-                 request); leave it out to refuse",
-                super::printable(value)
+                "'{path}' has over_limit: {value:?}; the one value is `tag` (admit and tag \
+                 the request); leave it out to refuse"
             ),
         ));
     }
@@ -118,7 +117,7 @@ descriptors:
         );
         assert!(e.starts_with("rules.yaml:4:"), "{e}");
         assert!(
-            e.contains("over_limit: 'refuse'") && e.contains("`tag`"),
+            e.contains(r#"over_limit: "refuse""#) && e.contains("`tag`"),
             "{e}"
         );
         // Not a string either.

@@ -165,7 +165,7 @@ fn check_knows_over_limit() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("bad.yaml:4:") && stderr.contains("'soft'"),
+        stderr.contains("bad.yaml:4:") && stderr.contains(r#""soft""#),
         "{stderr}"
     );
     assert!(
