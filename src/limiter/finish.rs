@@ -128,7 +128,7 @@ impl Limiter {
                 .unwrap_or_default(),
             true => Vec::new(),
         };
-        let body = self.refusal_body(over_limit, Some(&Wait::of(&statuses)), &mut headers);
+        let body = self.refusal_body(over_limit, Some(&statuses), &mut headers);
         // Moved out of the plan (done with): no count on the rule's Arc.
         let deciding = deciding.and_then(|(_, index, remaining)| {
             let rule = planned.get_mut(index)?.rule.take()?;
@@ -150,13 +150,14 @@ impl Limiter {
     fn refusal_body(
         &self,
         over_limit: bool,
-        wait: Option<&Wait<'_>>,
+        statuses: Option<&[DescriptorStatus]>,
         headers: &mut Vec<(&'static str, String)>,
     ) -> Option<String> {
+        // Nothing is computed for an admitted request, nor with `none`.
         if !over_limit || self.options.over_limit_body != OverLimitBody::Json {
             return None;
         }
-        let body = answer::json_body(wait)?;
+        let body = answer::json_body(statuses.map(Wait::of).as_ref())?;
         headers.push(("content-type", "application/json".to_owned()));
         Some(body)
     }
