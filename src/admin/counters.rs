@@ -230,7 +230,7 @@ fn views(
                     .collect()
             })
             .unwrap_or_default();
-        for (applied, _, remaining, reset) in status.limits() {
+        for (applied, _, remaining, reset, _) in status.limits() {
             let rule = applied.rule.and_then(|i| rules.rules().get(i));
             let limit = rule.and_then(|r| r.limit);
             let algorithm = limit.map_or("(the default algorithm)", |l| l.algorithm.name());

@@ -203,11 +203,21 @@ pub(super) fn response_to_json(r: &RateLimitResponse) -> Value {
         .iter()
         .map(|h| json!({ "key": h.key, "value": h.value }))
         .collect();
-    json!({
+    let mut out = json!({
         "overallCode": code_name(r.overall_code),
         "statuses": statuses,
         "responseHeadersToAdd": headers,
-    })
+    });
+    // Only when there are some (soft limits over), as proto3's JSON leaves
+    // an empty list out: other answers read as before.
+    if !r.request_headers_to_add.is_empty() {
+        out["requestHeadersToAdd"] = r
+            .request_headers_to_add
+            .iter()
+            .map(|h| json!({ "key": h.key, "value": h.value }))
+            .collect();
+    }
+    out
 }
 
 /// A Duration in proto3's JSON mapping: seconds with 0, 3, 6 or 9

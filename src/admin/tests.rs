@@ -54,4 +54,23 @@ fn responses_use_enum_names_and_durations() {
     assert_eq!(v["overallCode"], "OVER_LIMIT");
     assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE");
     assert_eq!(v["statuses"][0]["durationUntilReset"], "1.500s");
+    assert!(v.get("requestHeadersToAdd").is_none(), "none, none shown");
+}
+
+#[test]
+fn a_soft_limits_request_header_is_shown() {
+    use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    let r = RateLimitResponse {
+        overall_code: 1,
+        request_headers_to_add: vec![HeaderValue {
+            key: "x-tollgate-over-limit".into(),
+            value: "per-user-soft".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let v = response_to_json(&r);
+    assert_eq!(v["requestHeadersToAdd"][0]["key"], "x-tollgate-over-limit");
+    assert_eq!(v["requestHeadersToAdd"][0]["value"], "per-user-soft");
 }

@@ -202,7 +202,7 @@ impl Candidate {
             b.refused += u64::from(decision.over_limit);
         }
         for status in &decision.statuses {
-            for (applied, over, remaining, _) in status.limits() {
+            for (applied, over, remaining, _, tagged) in status.limits() {
                 // A client's own limit override is no candidate rule.
                 if applied.from_request {
                     continue;
@@ -243,6 +243,7 @@ impl Candidate {
                 if let Some((_, counts, peak)) = rule.bins.back_mut() {
                     counts.requests += 1;
                     counts.refused += u64::from(over);
+                    counts.tagged += u64::from(tagged);
                     *peak = peak.max(used);
                 }
             }
@@ -306,6 +307,7 @@ impl Candidate {
                 let (r, f) = series
                     .iter()
                     .fold((0, 0), |(r, f), b| (r + b.requests, f + b.refused));
+                let tagged = series.iter().map(|b| b.tagged).sum();
                 RuleResult {
                     rule: rule.to_string(),
                     name: None,
@@ -314,6 +316,7 @@ impl Candidate {
                     requests: r,
                     admitted: r - f,
                     refused: f,
+                    tagged,
                     peak_usage: peak,
                     top_refused: Vec::new(),
                     series,

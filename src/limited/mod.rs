@@ -336,8 +336,8 @@ impl Observer for Limited {
     fn observe(&self, request: &Request<'_>, decision: &Decision) {
         let refused = decision.statuses.iter().enumerate().find_map(|(d, s)| {
             s.limits()
-                .find(|(_, over, _, _)| *over)
-                .map(|(applied, _, _, _)| (d, applied))
+                .find(|(_, over, _, _, _)| *over)
+                .map(|(applied, _, _, _, _)| (d, applied))
         });
         let mut shard = self.shards.mine();
         let now = self.clock.now();
@@ -354,7 +354,7 @@ impl Observer for Limited {
                 };
                 // Hashed once whatever its limits, only when one needs it.
                 let mut hashed = None;
-                for (applied, _, _, _) in status.limits() {
+                for (applied, _, _, _, _) in status.limits() {
                     if let Some(rule) = shard.rules.get_mut(&applied.scope) {
                         let id =
                             *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use super::headers::Wait;
 use super::{
-    AppliedLimit, Decision, DescriptorStatus, LimitError, LimitStatus, Limiter, Plan, Planned,
-    Request, response_headers,
+    AppliedLimit, Decision, DescriptorStatus, LimitError, LimitStatus, Limiter, OverLimitBody,
+    Plan, Planned, Request, answer, response_headers,
 };
 use crate::clock::Clock;
 use crate::store::{StoreError, refused};
@@ -69,6 +70,8 @@ impl Limiter {
                     limit: applied(plan, check.scope, &*self.clock),
                     remaining,
                     reset,
+                    // Global shadow mode changes no answer: it tags nothing.
+                    tagged: !allowed && plan.soft && !self.options.shadow_mode,
                 };
                 // The deciding limit: of those that refused (enforced before
                 // shadow), the one with the longest wait, which is what
@@ -99,6 +102,7 @@ impl Limiter {
                     remaining: s.remaining,
                     reset: s.reset,
                     others,
+                    tagged: s.tagged,
                 },
                 None => DescriptorStatus {
                     over_limit: false,
@@ -106,16 +110,25 @@ impl Limiter {
                     remaining: if is_unlimited { u32::MAX } else { 0 },
                     reset: 0,
                     others,
+                    tagged: false,
                 },
             });
         }
         // The store's rule, quota mode included: what it refused, nothing spent.
         let over_limit = refused(checks.iter());
-        let headers = if self.options.response_headers {
+        let mut headers = if self.options.response_headers {
             response_headers(&statuses, over_limit)
         } else {
             Vec::new()
         };
+        // A refused request goes no further: its soft limits tag nothing.
+        let request_headers = match over_limit {
+            false => answer::tags(&statuses)
+                .map(|tags| vec![(answer::OVER_LIMIT_HEADER, tags)])
+                .unwrap_or_default(),
+            true => Vec::new(),
+        };
+        let body = self.refusal_body(over_limit, Some(&statuses), &mut headers);
         // Moved out of the plan (done with): no count on the rule's Arc.
         let deciding = deciding.and_then(|(_, index, remaining)| {
             let rule = planned.get_mut(index)?.rule.take()?;
@@ -125,8 +138,44 @@ impl Limiter {
             over_limit,
             statuses,
             headers,
+            request_headers,
+            body,
             deciding,
         })
+    }
+
+    /// A refusal's body, as `--over-limit-body` asks (with its
+    /// `content-type` added to `headers`: Envoy says text/plain otherwise);
+    /// `None` for an admitted request or `none`.
+    fn refusal_body(
+        &self,
+        over_limit: bool,
+        statuses: Option<&[DescriptorStatus]>,
+        headers: &mut Vec<(&'static str, String)>,
+    ) -> Option<String> {
+        // Nothing is computed for an admitted request, nor with `none`.
+        if !over_limit || self.options.over_limit_body != OverLimitBody::Json {
+            return None;
+        }
+        let body = answer::json_body(statuses.map(Wait::of).as_ref())?;
+        headers.push(("content-type", "application/json".to_owned()));
+        Some(body)
+    }
+
+    /// The refusal of a request that could not be decided (see
+    /// `RlsService::undecided`): no limit refused it, so it has no
+    /// statuses, no rate limit headers and no wait to tell.
+    pub(crate) fn undecided_refusal(&self) -> Decision {
+        let mut headers = Vec::new();
+        let body = self.refusal_body(true, None, &mut headers);
+        Decision {
+            over_limit: true,
+            statuses: Vec::new(),
+            headers,
+            request_headers: Vec::new(),
+            body,
+            deciding: None,
+        }
     }
 }
 
@@ -153,5 +202,6 @@ fn applied(plan: &Planned, scope: u64, clock: &dyn Clock) -> AppliedLimit {
             }
         },
         shadow: plan.shadow,
+        soft: plan.soft,
     }
 }

@@ -4,10 +4,11 @@
 //! enforced limit, and `Retry-After` on refusals that a wait can cure (a
 //! limit of zero never admits anything, so it advertises no retry time).
 //!
-//! Shadow-mode limits are left out: they are not enforced, and advertising
-//! them would have clients slow down for a limit that is only being watched.
+//! Shadow-mode and soft limits (`over_limit: tag`) are left out: they
+//! refuse nothing, and advertising them would have clients slow down for a
+//! limit that is only being watched, or that only tags their requests.
 
-use super::DescriptorStatus;
+use super::types::{AppliedLimit, DescriptorStatus};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// Whole seconds, rounded up: a client told 17 when 17.3 remain gets one more refusal.
@@ -16,7 +17,7 @@ fn ceil_secs(n: Nanos) -> u64 {
 }
 
 /// Writes `s` as a structured-field string (RFC 8941 sf-string).
-fn sf_string(out: &mut String, s: &str) {
+pub(super) fn sf_string(out: &mut String, s: &str) {
     out.push('"');
     if s.bytes()
         .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
@@ -46,12 +47,11 @@ pub fn response_headers(
 ) -> Vec<(&'static str, String)> {
     let mut policy = String::with_capacity(64);
     let mut current = String::with_capacity(64);
-    let mut retry: Option<Nanos> = None;
-    let mut never = false;
+    let mut wait = Wait::default();
     // Every enforced limit: each descriptor's deciding one and its others.
     let limits = statuses.iter().flat_map(DescriptorStatus::limits);
-    for (limit, over_limit, remaining, reset) in limits {
-        if limit.shadow {
+    for (limit, over_limit, remaining, reset, _) in limits {
+        if limit.shadow || limit.soft {
             continue;
         }
         if !policy.is_empty() {
@@ -72,8 +72,7 @@ pub fn response_headers(
         current.push_str(";t=");
         current.push_str(n.format(ceil_secs(reset)));
         if over_limit {
-            retry = Some(retry.unwrap_or(0).max(reset));
-            never |= limit.requests_per_unit == 0;
+            wait.add(limit, reset);
         }
     }
     let mut headers = Vec::with_capacity(3);
@@ -81,9 +80,56 @@ pub fn response_headers(
         headers.push(("ratelimit-policy", policy));
         headers.push(("ratelimit", current));
     }
-    if over_limit && !never {
-        let secs = retry.map_or(1, ceil_secs).max(1);
+    if over_limit && let Some(secs) = wait.seconds() {
         headers.push(("retry-after", itoa::Buffer::new().format(secs).to_owned()));
     }
     headers
+}
+
+/// What a refusal tells the client to wait, from the limits that refused
+/// it: `Retry-After`'s number, and the `--over-limit-body`'s (one
+/// computation, so the two always agree).
+#[derive(Debug, Default)]
+pub(super) struct Wait<'a> {
+    /// The longest wait, and the first limit that asked for it.
+    longest: Option<(Nanos, &'a AppliedLimit)>,
+    /// The first refusing limit of zero, which no wait cures.
+    never: Option<&'a AppliedLimit>,
+}
+
+impl<'a> Wait<'a> {
+    /// Every refusing limit of `statuses`.
+    pub(super) fn of(statuses: &'a [DescriptorStatus]) -> Self {
+        let mut wait = Self::default();
+        for (limit, over_limit, _, reset, _) in statuses.iter().flat_map(DescriptorStatus::limits) {
+            if over_limit {
+                wait.add(limit, reset);
+            }
+        }
+        wait
+    }
+
+    /// `limit` refused, to be retried after `reset`.
+    fn add(&mut self, limit: &'a AppliedLimit, reset: Nanos) {
+        if self.longest.is_none_or(|(longest, _)| reset > longest) {
+            self.longest = Some((reset, limit));
+        }
+        if limit.requests_per_unit == 0 && self.never.is_none() {
+            self.never = Some(limit);
+        }
+    }
+
+    /// Whole seconds to wait (at least 1), or `None` when a limit of zero
+    /// refused: nothing is admitted later either.
+    pub(super) fn seconds(&self) -> Option<u64> {
+        if self.never.is_some() {
+            return None;
+        }
+        Some(self.longest.map_or(1, |(n, _)| ceil_secs(n)).max(1))
+    }
+
+    /// The limit that decides the wait (a zero one first, else the longest).
+    pub(super) fn limit(&self) -> Option<&'a AppliedLimit> {
+        self.never.or(self.longest.map(|(_, l)| l))
+    }
 }

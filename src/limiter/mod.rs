@@ -2,6 +2,7 @@
 //! store decide them together (all or nothing), and build the decision.
 //! Nothing here knows a proto type.
 
+mod answer;
 mod compiled;
 mod failure;
 mod finish;
@@ -23,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::{MemoryStore, MemoryStoreOptions, Store, StoreError};
 
+pub use answer::{OVER_LIMIT_HEADER, OverLimitBody};
 pub use headers::response_headers;
 pub use inspect::{BulkResetError, Reset};
 pub(crate) use observe::Observer;
@@ -94,6 +96,9 @@ pub(super) struct Planned {
     pub(super) rule: Option<Arc<Rule>>,
     pub(super) limit: Limit,
     pub(super) shadow: bool,
+    /// A soft limit (`over_limit: tag`): never enforced; over it, the
+    /// request is tagged (unless global shadow mode changes nothing).
+    pub(super) soft: bool,
     /// The rule's counters, from the snapshot it was planned from (`None`
     /// for a limit sent in the request, or a rule labelled with request
     /// values).
@@ -369,5 +374,7 @@ impl Limiter {
     }
 }
 
+#[cfg(test)]
+mod answer_tests;
 #[cfg(test)]
 mod tests;

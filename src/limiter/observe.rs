@@ -215,6 +215,8 @@ impl Limiter {
                     burst = (plan.limit.algorithm == crate::algorithm::Algorithm::TokenBucket)
                         .then_some(plan.limit.burst),
                     shadow = !enforced,
+                    // A soft limit (`over_limit: tag`): admitted, tagged.
+                    soft = plan.soft,
                     request_id = request_id.map(crate::rules::printable).as_deref(),
                     trace_id = ids.trace_id.as_deref(),
                     not_logged,

@@ -10,6 +10,8 @@ pub struct LimiterOptions {
     pub failure_mode: FailureMode,
     /// Add RateLimit / RateLimit-Policy / Retry-After headers.
     pub response_headers: bool,
+    /// The body of every OVER_LIMIT answer (`--over-limit-body`).
+    pub over_limit_body: super::answer::OverLimitBody,
     /// Algorithm for limits sent in requests (`RateLimitOverride`).
     pub default_algorithm: Algorithm,
     /// On a store failure, answer gRPC UNAVAILABLE instead of applying the
@@ -93,6 +95,7 @@ impl Default for LimiterOptions {
         Self {
             failure_mode: FailureMode::Allow,
             response_headers: true,
+            over_limit_body: super::answer::OverLimitBody::None,
             default_algorithm: Algorithm::SlidingWindow,
             unavailable_on_store_error: false,
             instances: 1,

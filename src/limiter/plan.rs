@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::validate::{drop_replaced, validate};
 use super::{LimitError, Limiter, Planned, Request};
 use crate::metrics::LimitStats;
-use crate::rules::{Limit, Rule};
+use crate::rules::{Limit, OverLimit, Rule};
 use crate::store::{Check, CounterKey};
 
 impl Limiter {
@@ -120,8 +120,13 @@ impl Limiter {
             key.entry(k, value);
         }
         let hits = descriptor.hits_addend.unwrap_or(hits_default);
-        // Global shadow mode makes every limit a shadow: reported, counted, never enforced.
-        let enforced = !shadow && !self.options.shadow_mode;
+        // Global shadow mode makes every limit a shadow: reported, counted,
+        // never enforced. A soft limit is never enforced either: it is
+        // counted as shadow mode is, and tags instead of refusing.
+        let soft = rule
+            .as_ref()
+            .is_some_and(|r| r.over_limit == OverLimit::Tag);
+        let enforced = !shadow && !soft && !self.options.shadow_mode;
         let mut check = Check::new(key, limit.algorithm, limit.quota(), hits, enforced);
         check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
         // A lane decides against the counter itself: a lease held for the
@@ -134,6 +139,7 @@ impl Limiter {
             rule,
             limit,
             shadow,
+            soft,
             stats,
         });
     }

@@ -284,6 +284,7 @@ async fn several_limits_headers_list_all_and_retry_after_waits_for_every_refusal
             limit: both.statuses[0].limit.clone().expect("limit"),
             remaining: both.statuses[0].remaining,
             reset: both.statuses[0].reset,
+            tagged: false,
         }))
         .filter(|s| s.over_limit)
         .map(|s| s.reset.div_ceil(NANOS_PER_SEC))

@@ -55,20 +55,28 @@ pub struct DescriptorStatus {
     pub reset: Nanos,
     /// The descriptor's other limits, when it has several; empty otherwise.
     pub others: Vec<LimitStatus>,
+    /// Whether the deciding limit is a soft one (`over_limit: tag`) that
+    /// the request is over: admitted (`over_limit` is false), and tagged.
+    pub tagged: bool,
 }
 
 impl DescriptorStatus {
     /// Every limit of the descriptor, the deciding one first, as
-    /// `(limit, over_limit, remaining, reset)`.
-    pub fn limits(&self) -> impl Iterator<Item = (&AppliedLimit, bool, u32, Nanos)> {
-        let decided = self
-            .limit
-            .as_ref()
-            .map(|limit| (limit, self.over_limit, self.remaining, self.reset));
+    /// `(limit, over_limit, remaining, reset, tagged)`.
+    pub fn limits(&self) -> impl Iterator<Item = (&AppliedLimit, bool, u32, Nanos, bool)> {
+        let decided = self.limit.as_ref().map(|limit| {
+            (
+                limit,
+                self.over_limit,
+                self.remaining,
+                self.reset,
+                self.tagged,
+            )
+        });
         let others = self
             .others
             .iter()
-            .map(|o| (&o.limit, o.over_limit, o.remaining, o.reset));
+            .map(|o| (&o.limit, o.over_limit, o.remaining, o.reset, o.tagged));
         decided.into_iter().chain(others)
     }
 }
@@ -84,6 +92,8 @@ pub struct LimitStatus {
     pub remaining: u32,
     /// As [`DescriptorStatus::reset`].
     pub reset: Nanos,
+    /// As [`DescriptorStatus::tagged`].
+    pub tagged: bool,
 }
 
 /// The limit reported for a descriptor.
@@ -102,6 +112,9 @@ pub struct AppliedLimit {
     pub window_seconds: u64,
     /// Shadow mode: reported, never enforced.
     pub shadow: bool,
+    /// A soft limit (`over_limit: tag`): over it, the request is admitted
+    /// and tagged, never refused.
+    pub soft: bool,
     /// The request's own limit override, which no rule wrote.
     pub from_request: bool,
     /// The rule that set the limit: its index in the rule set in force
@@ -122,6 +135,13 @@ pub struct Decision {
     pub statuses: Vec<DescriptorStatus>,
     /// Response headers to add (empty when headers are switched off).
     pub headers: Vec<(&'static str, String)>,
+    /// Headers to add to the request on its way upstream: the soft limits
+    /// an admitted request is over (`x-tollgate-over-limit`); empty
+    /// otherwise.
+    pub request_headers: Vec<(&'static str, String)>,
+    /// The body of the refusal Envoy sends (`--over-limit-body json`):
+    /// only on a refused request.
+    pub body: Option<String>,
     /// The limit that decided the request (the one that refused it, else
     /// the one with the least left), for Envoy's dynamic metadata (an
     /// access log can name the rule); `None` when no rule limited it.

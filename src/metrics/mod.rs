@@ -56,7 +56,8 @@ pub struct LimitStats {
     pub near_limit: AtomicU64,
     /// Hits admitted.
     pub within_limit: AtomicU64,
-    /// Hits over the limit but admitted because of shadow mode.
+    /// Hits over the limit but admitted because of shadow mode or a soft
+    /// limit (`over_limit: tag`).
     pub shadow_mode: AtomicU64,
 }
 
@@ -292,7 +293,7 @@ impl Metrics {
             }),
             (
                 "shadow_mode",
-                "Hits over the limit admitted by shadow mode, per limit.",
+                "Hits over the limit admitted by shadow mode or a soft limit (over_limit: tag), per limit.",
                 |s| &s.shadow_mode,
             ),
         ];

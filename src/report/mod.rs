@@ -14,6 +14,8 @@ pub(crate) struct Bin {
     pub requests: u64,
     /// Of them, refused by this rule.
     pub refused: u64,
+    /// Of them, admitted over this rule's soft limit (`over_limit: tag`).
+    pub tagged: u64,
 }
 
 /// What one rule did over the replay.
@@ -33,6 +35,9 @@ pub(crate) struct RuleResult {
     pub admitted: u64,
     /// Of them, refused by this rule.
     pub refused: u64,
+    /// Of the admitted, over this rule's soft limit (`over_limit: tag`):
+    /// over the limit, admitted and tagged for the upstream.
+    pub tagged: u64,
     /// The most of the limit any client had used, from 0 to 1.
     pub peak_usage: f64,
     /// The clients (descriptor values) refused most, most first.

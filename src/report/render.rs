@@ -48,6 +48,14 @@ pub(crate) fn summary_text(outcomes: &[ScenarioResult]) -> String {
                 share(r.refused, r.requests),
                 100.0 * r.peak_usage
             );
+            if r.tagged > 0 {
+                let _ = writeln!(
+                    out,
+                    "    over its soft limit (over_limit: tag), admitted and tagged: {} ({:.1} %)",
+                    r.tagged,
+                    share(r.tagged, r.requests)
+                );
+            }
             if !r.top_refused.is_empty() {
                 let top: Vec<String> = r
                     .top_refused

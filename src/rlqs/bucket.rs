@@ -22,15 +22,16 @@ const SPLIT_COST_PER_CLIENT: Nanos = 10_000;
 
 /// Seconds per tick of the windows' clock.
 const TICK_SECONDS: f64 = NANOS_PER_TICK as f64 / NANOS_PER_SEC as f64;
-use crate::rules::{Rule, RuleSet};
+use crate::rules::{OverLimit, Rule, RuleSet};
 
 /// What a bucket's rules say.
 #[derive(Debug, Clone)]
 pub(super) enum Resolved {
     /// No rule matches.
     Unmatched,
-    /// A rule without a limit, or in shadow mode (Envoy enforces what it is
-    /// told, so a rule that must never refuse allows all).
+    /// A rule without a limit, in shadow mode or a soft limit (`over_limit:
+    /// tag`, which RLQS cannot carry): Envoy enforces what it is told, so a
+    /// rule that must never refuse allows all.
     Unlimited(Arc<Rule>),
     /// A limit.
     Limited {
@@ -85,12 +86,14 @@ pub(super) fn resolve(rules: &RuleSet, domain: &str, entries: &[(String, String)
         return Resolved::Unmatched;
     };
     match rule.limit {
-        Some(limit) if !rule.shadow_mode => Resolved::Limited {
-            rule: rule.clone(),
-            quota: limit.quota(),
-            limit: u64::from(limit.requests_per_unit),
-            period_seconds: limit.period_seconds().max(1),
-        },
+        Some(limit) if !rule.shadow_mode && rule.over_limit == OverLimit::Refuse => {
+            Resolved::Limited {
+                rule: rule.clone(),
+                quota: limit.quota(),
+                limit: u64::from(limit.requests_per_unit),
+                period_seconds: limit.period_seconds().max(1),
+            }
+        }
         _ => Resolved::Unlimited(rule.clone()),
     }
 }

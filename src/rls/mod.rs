@@ -107,12 +107,7 @@ impl RlsService {
             .metrics()
             .undecided_refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Decision {
-            over_limit: true,
-            statuses: Vec::new(),
-            headers: Vec::new(),
-            deciding: None,
-        })
+        Ok(self.limiter.undecided_refusal())
     }
 
     /// [`RlsService::decision`] inside a span, continuing the trace in
@@ -241,6 +236,17 @@ fn duration(n: Nanos) -> PbDuration {
     }
 }
 
+fn header_values(headers: Vec<(&'static str, String)>) -> Vec<HeaderValue> {
+    headers
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..Default::default()
+        })
+        .collect()
+}
+
 pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code(decision.over_limit) as i32,
@@ -259,15 +265,11 @@ pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
                 ..Default::default()
             })
             .collect(),
-        response_headers_to_add: decision
-            .headers
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                ..Default::default()
-            })
-            .collect(),
+        response_headers_to_add: header_values(decision.headers),
+        // Envoy adds these to the request it sends upstream (OK answers only).
+        request_headers_to_add: header_values(decision.request_headers),
+        // Envoy sends this as its 429's body (OVER_LIMIT answers only).
+        raw_body: decision.body.map(String::into_bytes).unwrap_or_default(),
         ..Default::default()
     }
 }

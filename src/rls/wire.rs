@@ -208,14 +208,30 @@ pub(crate) fn encoded_len(d: &Decision) -> usize {
             .iter()
             .map(|s| len_field_len(status_len(s, nested(s))))
             .sum::<usize>()
-        + d.headers
-            .iter()
-            .map(|(k, v)| len_field_len(header_len(k, v)))
-            .sum::<usize>()
+        + headers_len(&d.headers)
+        + headers_len(&d.request_headers)
+        + d.body.as_deref().map_or(0, string_field_len)
+}
+
+/// A list of `HeaderValue` fields.
+fn headers_len(headers: &[(&str, String)]) -> usize {
+    headers
+        .iter()
+        .map(|(k, v)| len_field_len(header_len(k, v)))
+        .sum()
+}
+
+fn put_headers(out: &mut Vec<u8>, field: u8, headers: &[(&str, String)]) {
+    for (key, value) in headers {
+        put_len_header(out, field, header_len(key, value));
+        put_string_field(out, 1, key);
+        put_string_field(out, 2, value);
+    }
 }
 
 /// Appends the decision's `RateLimitResponse` (overall_code = 1,
-/// statuses = 2, response_headers_to_add = 3) to `out`.
+/// statuses = 2, response_headers_to_add = 3, request_headers_to_add = 4,
+/// raw_body = 5, dynamic_metadata = 6) to `out`.
 pub(crate) fn encode(d: &Decision, out: &mut Vec<u8>) {
     put_varint_field(out, 1, code(d.over_limit));
     for s in &d.statuses {
@@ -237,10 +253,11 @@ pub(crate) fn encode(d: &Decision, out: &mut Vec<u8>) {
             put_varint_field(out, 2, nanos);
         }
     }
-    for (key, value) in &d.headers {
-        put_len_header(out, 3, header_len(key, value));
-        put_string_field(out, 1, key);
-        put_string_field(out, 2, value);
+    put_headers(out, 3, &d.headers);
+    put_headers(out, 4, &d.request_headers);
+    // `raw_body` (bytes: written as a string is).
+    if let Some(body) = &d.body {
+        put_string_field(out, 5, body);
     }
     if let Some(deciding) = &d.deciding {
         put_metadata(out, deciding);
@@ -285,6 +302,7 @@ mod tests {
                 unit,
                 window_seconds: 60,
                 shadow,
+                soft: !shadow && requests_per_unit % 2 == 0,
                 from_request: false,
                 rule: None,
                 scope: 0,
@@ -304,6 +322,7 @@ mod tests {
         )
             .prop_map(|(over_limit, limit, remaining, reset)| DescriptorStatus {
                 over_limit,
+                tagged: !over_limit && limit.as_ref().is_some_and(|l| l.soft),
                 limit,
                 remaining,
                 reset,
@@ -322,13 +341,22 @@ mod tests {
                 ),
                 0..3,
             ),
+            proptest::collection::vec(
+                (Just(crate::limiter::OVER_LIMIT_HEADER), "\\PC{0,300}"),
+                0..2,
+            ),
+            proptest::option::of(prop_oneof!["", "\\PC{0,300}"]),
         )
-            .prop_map(|(over_limit, statuses, headers)| Decision {
-                over_limit,
-                statuses,
-                headers,
-                deciding: None,
-            })
+            .prop_map(
+                |(over_limit, statuses, headers, request_headers, body)| Decision {
+                    over_limit,
+                    statuses,
+                    headers,
+                    request_headers,
+                    body,
+                    deciding: None,
+                },
+            )
     }
 
     proptest! {
@@ -356,6 +384,8 @@ mod tests {
             over_limit: true,
             statuses: Vec::new(),
             headers: vec![("retry-after", "7".into())],
+            request_headers: Vec::new(),
+            body: None,
             deciding: Some(Deciding {
                 rule: rules.rules()[0].clone(),
                 remaining: 0,

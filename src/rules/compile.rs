@@ -202,6 +202,13 @@ impl Compiler {
                 (None, Some(list)) => list.value,
                 (None, None) => Vec::new(),
             };
+            let over_limit = match super::over_limit::of(&raw, &path, &limits, pos) {
+                Ok(mode) => mode,
+                Err((at, message)) => {
+                    self.errors.push(RuleError::new(file, at, message));
+                    super::OverLimit::Refuse
+                }
+            };
             if limits.is_empty() && children.is_empty() {
                 self.warnings.push(err(format!(
                     "'{path}' has neither a limit nor children: a request it matches is \
@@ -228,6 +235,7 @@ impl Compiler {
                 }
                 let rule = Arc::new(Rule {
                     index: self.rules.len(),
+                    over_limit,
                     ..rule
                 });
                 self.rules.push(rule.clone());
@@ -432,6 +440,8 @@ impl Compiler {
             name,
             limit,
             shadow_mode: raw.shadow_mode.unwrap_or(false),
+            // Set with the descriptor's (see `add_descriptors`).
+            over_limit: super::OverLimit::Refuse,
             quota_mode: raw.quota_mode.unwrap_or(false),
             replaces,
             detailed_metric: raw.detailed_metric.unwrap_or(false),

@@ -10,6 +10,7 @@ mod glob;
 mod limit;
 mod load;
 mod matcher;
+mod over_limit;
 
 pub use changes::{Restart, restarted_counters};
 
@@ -29,6 +30,7 @@ pub use load::{
 };
 pub(crate) use matcher::ShapeEntry;
 pub use matcher::{Matched, WalkedEntries};
+pub use over_limit::OverLimit;
 
 /// What to answer for a limit when its store cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +178,9 @@ pub struct Rule {
     pub limit: Option<Limit>,
     /// Over-limit decisions are reported as OK.
     pub shadow_mode: bool,
+    /// What a request over the limit gets: refused, or (`over_limit: tag`)
+    /// admitted and tagged for the upstream.
+    pub over_limit: OverLimit,
     /// The reference's quota mode: this descriptor refuses a request only
     /// together with every other quota-mode descriptor of it.
     pub quota_mode: bool,
@@ -305,6 +310,9 @@ impl fmt::Display for Rule {
         }
         if self.shadow_mode {
             f.write_str(", shadow mode")?;
+        }
+        if self.over_limit == OverLimit::Tag {
+            f.write_str(", over_limit tag")?;
         }
         if self.quota_mode {
             f.write_str(", quota mode")?;

@@ -34,7 +34,8 @@ pub(crate) use top::TopArgs;
 pub(crate) use unknown::unknown_env;
 pub(crate) use values::LogFormat;
 pub(crate) use values::{
-    AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, StoreKind, parse_duration,
+    AlgorithmArg, FailureModeArg, Keepalive, OnOff, OnStoreError, OverLimitBodyArg, StoreKind,
+    parse_duration,
 };
 use values::{at_least_one, parse_fraction, parse_keepalive};
 pub(crate) use xds::XdsArgs;
@@ -147,6 +148,12 @@ pub(crate) struct ServeArgs {
     /// Add RateLimit, RateLimit-Policy and Retry-After response headers.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = OnOff::On)]
     pub response_headers: OnOff,
+
+    /// The body of every OVER_LIMIT answer, which Envoy sends with its 429:
+    /// `json` ({"error":"rate_limited","retry_after_seconds":N,"rule":"NAME"},
+    /// content-type application/json) or `none` (Envoy's empty body).
+    #[arg(long, env = "TOLLGATE_OVER_LIMIT_BODY", value_enum, default_value_t = OverLimitBodyArg::None)]
+    pub over_limit_body: OverLimitBodyArg,
 
     /// Answer for limits without `failure_mode` when the store fails.
     #[arg(long, env = "TOLLGATE_FAILURE_MODE", value_enum, default_value_t = FailureModeArg::Allow)]

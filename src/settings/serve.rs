@@ -23,6 +23,7 @@ impl ServeArgs {
         LimiterOptions {
             failure_mode: self.failure_mode.into(),
             response_headers: self.response_headers == OnOff::On,
+            over_limit_body: self.over_limit_body.into(),
             default_algorithm: self.rule_load.default_algorithm.into(),
             unavailable_on_store_error: self.on_store_error == OnStoreError::Unavailable,
             instances: self.instances,

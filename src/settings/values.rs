@@ -86,6 +86,24 @@ impl From<AlgorithmArg> for Algorithm {
     }
 }
 
+/// `--over-limit-body` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverLimitBodyArg {
+    /// No body (Envoy's own 429).
+    None,
+    /// A JSON object naming the wait and the rule.
+    Json,
+}
+
+impl From<OverLimitBodyArg> for crate::limiter::OverLimitBody {
+    fn from(a: OverLimitBodyArg) -> Self {
+        match a {
+            OverLimitBodyArg::None => Self::None,
+            OverLimitBodyArg::Json => Self::Json,
+        }
+    }
+}
+
 /// Failure modes on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FailureModeArg {

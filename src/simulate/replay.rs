@@ -63,6 +63,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
                 requests: 0,
                 admitted: 0,
                 refused: 0,
+                tagged: 0,
                 peak_usage: 0.0,
                 top_refused: Vec::new(),
                 series: vec![Bin::default(); bins],
@@ -121,7 +122,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
         refused += u64::from(decision.over_limit);
         let slot = ((event.at - start) / bin.max(1)) as usize;
         for (i, status) in decision.statuses.iter().enumerate() {
-            for (applied, over, remaining, _) in status.limits() {
+            for (applied, over, remaining, _, tagged) in status.limits() {
                 let Some(t) = applied.rule.and_then(|i| by_rule.get(i).copied().flatten()) else {
                     continue;
                 };
@@ -143,6 +144,11 @@ pub(crate) fn replay<E: Borrow<Event>>(
                     }
                 } else {
                     r.admitted += 1;
+                }
+                // Over a soft limit: admitted, and counted as over it.
+                if tagged {
+                    r.tagged += 1;
+                    r.series[slot].tagged += 1;
                 }
                 if t.limit > 0 {
                     let used = f64::from(t.limit.saturating_sub(remaining)) / f64::from(t.limit);
@@ -204,4 +210,58 @@ pub(crate) fn bin_for(span: Nanos, most: u64) -> Nanos {
         .map(|ms| ms * 1_000_000)
         .find(|step| span / step < most)
         .unwrap_or(86_400 * NANOS_PER_SEC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_over_a_soft_limit_are_counted_over_it_and_admitted() {
+        let rules = RuleSet::from_yaml(
+            "domain: d
+descriptors:
+  - key: user
+    over_limit: tag
+    rate_limit: {name: soft, unit: minute, requests_per_unit: 2}
+  - key: org
+    rate_limit: {name: hard, unit: minute, requests_per_unit: 2}
+",
+        )
+        .expect("rules");
+        let start = 1_000 * 60 * NANOS_PER_SEC;
+        let event = |i: u64, key: &str| Event {
+            at: start + i * NANOS_PER_SEC,
+            domain: Arc::from("d"),
+            descriptors: smallvec::smallvec![smallvec::smallvec![(Arc::from(key), Arc::from("a"))]],
+            hits: 0,
+        };
+        let events: Vec<Event> = (0..5)
+            .map(|i| event(i, "user"))
+            .chain((5..10).map(|i| event(i, "org")))
+            .collect();
+        let end = events.last().map_or(start, |e| e.at);
+        let result = replay("s", rules, &events, (start, end), NANOS_PER_SEC, &|_| {});
+        let rule = |name: &str| {
+            result
+                .rules
+                .iter()
+                .find(|r| r.name.as_deref() == Some(name))
+                .expect("rule")
+        };
+        let soft = rule("soft");
+        assert_eq!(
+            (soft.requests, soft.admitted, soft.refused, soft.tagged),
+            (5, 5, 0, 3)
+        );
+        assert_eq!(soft.series.iter().map(|b| b.tagged).sum::<u64>(), 3);
+        let hard = rule("hard");
+        assert_eq!((hard.admitted, hard.refused, hard.tagged), (2, 3, 0));
+        assert_eq!(result.refused, 3, "only the hard limit refused");
+        let text = crate::report::summary_text(std::slice::from_ref(&result));
+        assert!(
+            text.contains("over its soft limit (over_limit: tag), admitted and tagged: 3 (60.0 %)"),
+            "{text}"
+        );
+    }
 }

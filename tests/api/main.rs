@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod answers;
 mod compat;
 mod fuzz_corpus;
 mod grpc;

@@ -436,6 +436,7 @@ pub mod raw;
 pub mod redis;
 mod served;
 pub mod tls;
+pub mod upstream;
 pub mod xds;
 
 // Not every test binary serves in process.

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod answers;
 mod envoy_e2e;
 mod envoy_gateway;
 mod istio_e2e;

@@ -590,7 +590,7 @@ const CHILD_REACHES: &[(&str, usize)] = &[
     ("admin", 3),
     ("algorithm", 3),
     ("limited", 1),
-    ("limiter", 4),
+    ("limiter", 3),
     ("report", 1),
     ("rlqs", 1),
     ("rls", 1),

@@ -65,6 +65,9 @@ descriptors:
   - key: quota_b
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: soft
+    over_limit: tag
+    rate_limit: {name: soft, unit: minute, requests_per_unit: 2}
 ";
 
 #[path = "conformance/extensions.rs"]
@@ -416,4 +419,5 @@ conformance!(
     calendar_days_follow_dst_in_their_time_zone,
     a_budget_admits_while_anything_is_left_and_charges_in_full,
     quota_mode_refuses_only_when_every_quota_descriptor_is_over,
+    a_soft_limit_admits_and_tags_and_spends_as_shadow_mode_does,
 );

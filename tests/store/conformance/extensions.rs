@@ -1,5 +1,5 @@
 //! Scenarios for Tollgate's rule extensions: several limits per descriptor,
-//! unit multipliers, calendar windows, budgets and quota mode. They run on
+//! unit multipliers, calendar windows, budgets, quota mode and soft limits. They run on
 //! every store like the rest of the suite.
 
 use super::{Harness, with_hits};
@@ -234,4 +234,35 @@ pub(crate) async fn quota_mode_refuses_only_when_every_quota_descriptor_is_over(
     // An ordinary limit still refuses on its own.
     let spent: &[&[(&str, &str)]] = &[&[("quota_b", "r")], &[("user", "quota")]];
     assert_eq!(h.admitted(spent, 4).await, 2, "user allows 2");
+}
+
+pub(crate) async fn a_soft_limit_admits_and_tags_and_spends_as_shadow_mode_does(h: &Harness) {
+    h.at(1.0);
+    let soft: &[(&str, &str)] = &[("soft", "s")];
+    let org: &[(&str, &str)] = &[("org", "soft")];
+    for i in 0..2 {
+        let d = h.ask(&[soft, org], 0).await;
+        assert!(!d.over_limit, "request {i}");
+        assert!(
+            d.request_headers.is_empty(),
+            "request {i}: within the limit"
+        );
+    }
+    for i in 0..2 {
+        let d = h.ask(&[soft, org], 0).await;
+        assert!(!d.over_limit && !d.statuses[0].over_limit, "request {i}");
+        assert_eq!(
+            d.request_headers,
+            [("x-tollgate-over-limit", "soft".to_owned())],
+            "request {i}"
+        );
+        assert_eq!(d.statuses[0].remaining, 0);
+    }
+    // Admitted: the other descriptor's budget was spent (5 - 4 - this one).
+    assert_eq!(h.ask(&[org], 0).await.statuses[0].remaining, 0);
+    // A hard limit over refuses: OVER_LIMIT, nothing tagged.
+    let user: &[(&str, &str)] = &[("user", "soft")];
+    assert_eq!(h.admitted(&[user], 2).await, 2);
+    let d = h.ask(&[soft, user], 0).await;
+    assert!(d.over_limit && d.request_headers.is_empty(), "{d:?}");
 }
