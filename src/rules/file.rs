@@ -31,7 +31,7 @@ pub(crate) struct RawDescriptor {
     pub(crate) descriptors: Option<Option<Vec<Spanned<RawDescriptor>>>>,
     pub(crate) shadow_mode: Option<bool>,
     // Tollgate's: `tag` makes the descriptor's limits soft (see `over_limit`).
-    pub(crate) over_limit: Option<Spanned<Text>>,
+    pub(crate) over_limit: Option<Box<Spanned<Text>>>,
     pub(crate) detailed_metric: Option<bool>,
     pub(crate) value_to_metric: Option<bool>,
     pub(crate) share_threshold: Option<bool>,
