@@ -1,7 +1,8 @@
 //! Fixed window: one counter per window (multiples of the period since the
 //! epoch, or calendar windows).
 
-use super::{Hits, Outcome, Quota, State, Window, clamp_u32};
+use super::quota::{Hits, Outcome, Quota, State, clamp_u32};
+use crate::calendar::Window;
 
 /// Times are in ticks (see the module docs).
 pub(super) fn decide(state: State, quota: &Quota, window: Window, now: u64, hits: Hits) -> Outcome {

@@ -11,7 +11,7 @@
 //! [`append`]). Entries from a clock ahead of this one (another instance's)
 //! count until they leave, like any other.
 
-use super::{Hits, Outcome, Quota, State, clamp_u32};
+use super::quota::{Hits, Outcome, Quota, State, clamp_u32};
 
 /// One admitted request in a sliding log: when (ticks) and how many hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

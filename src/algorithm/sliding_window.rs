@@ -12,7 +12,8 @@
 //! doubles, computes the same integers (see the module docs). For periods of
 //! whole seconds a step divides the period exactly.
 
-use super::{Hits, Outcome, Quota, State, Window, clamp_u32};
+use super::quota::{Hits, Outcome, Quota, State, clamp_u32};
+use crate::calendar::Window;
 
 /// Most steps per window: keeps `count * steps` below 2^53 for 33-bit counts.
 const MAX_STEPS: u64 = 1 << 19;

@@ -3,7 +3,7 @@
 //! interval (`period / limit`); a request is admitted while `tat` stays within
 //! `burst` intervals of now. An empty bucket refills at `limit` per period.
 
-use super::{Hits, MAX_BUCKET_SPAN, Outcome, Quota, State, clamp_u32};
+use super::quota::{Hits, MAX_BUCKET_SPAN, Outcome, Quota, State, clamp_u32};
 
 /// Times are in ticks (see the module docs).
 pub(super) fn decide(state: State, quota: &Quota, now: u64, hits: Hits) -> Outcome {
