@@ -74,6 +74,9 @@ pub enum AlgorithmArg {
     /// Token bucket (GCRA).
     #[value(alias = "token_bucket")]
     TokenBucket,
+    /// Sliding log (exact; limits up to --max-sliding-log).
+    #[value(alias = "sliding_log")]
+    SlidingLog,
 }
 
 impl From<AlgorithmArg> for Algorithm {
@@ -82,6 +85,7 @@ impl From<AlgorithmArg> for Algorithm {
             AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
             AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
             AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+            AlgorithmArg::SlidingLog => Algorithm::SlidingLog,
         }
     }
 }
