@@ -16,7 +16,7 @@ trap 'rm -rf "$out"' EXIT
 for traffic in boundary poisson; do
     target/release/tollgate simulate --rules examples/simulate/per-minute.yaml \
         --traffic "examples/simulate/$traffic.jsonl" \
-        --algorithm fixed-window --algorithm sliding-window --algorithm token-bucket \
+        --algorithm fixed-window --algorithm sliding-window --algorithm token-bucket --algorithm sliding-log \
         --bin 500ms --out "$out/$traffic" >/dev/null 2>&1
     # The plots: half-second bins show the boundary bursts; a minute's bins
     # show the hour of Poisson traffic against the limit.
@@ -24,11 +24,11 @@ for traffic in boundary poisson; do
     if [ "$traffic" = poisson ]; then
         target/release/tollgate simulate --rules examples/simulate/per-minute.yaml \
             --traffic "examples/simulate/$traffic.jsonl" \
-            --algorithm fixed-window --algorithm sliding-window --algorithm token-bucket \
+            --algorithm fixed-window --algorithm sliding-window --algorithm token-bucket --algorithm sliding-log \
             --bin 60s --out "$out/$traffic-plots" >/dev/null 2>&1
         plots="$out/$traffic-plots"
     fi
-    for alg in fixed_window sliding_window token_bucket; do
+    for alg in fixed_window sliding_window token_bucket sliding_log; do
         cp "$plots/plots/per-minute_yaml__${alg}--api_client.svg" "docs/algorithms/$traffic-$alg.svg"
     done
     echo "== $traffic.jsonl"
