@@ -158,4 +158,3 @@ fn cost(hits: u64) -> u64 {
 pub(super) fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
-

@@ -229,13 +229,31 @@ async fn malformed_requests_name_the_problem() {
             req(&[&[("user", "x")], &[("", "y")]]),
             "descriptor 1 entry 0 has an empty key",
         ),
-        (req(&[&[]]), "descriptor 0 has no entries"),
     ];
     for (r, needle) in cases {
         match l.should_rate_limit(&r).await {
             Err(LimitError::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),
             other => panic!("expected invalid argument for {needle}: {other:?}"),
         }
+    }
+}
+
+/// Envoy sends a descriptor without entries when every action of a
+/// rate_limits entry was skipped (`skip_if_absent`): it matches nothing and
+/// the request's other descriptors are decided (an error would fail the
+/// whole request open).
+#[tokio::test]
+async fn a_descriptor_without_entries_is_unlimited_and_the_others_are_decided() {
+    let (l, _) = limiter();
+    let user: &[(&str, &str)] = &[("user", "empty")];
+    for expected in [false, false, true] {
+        let d = l
+            .should_rate_limit(&req(&[&[], user]))
+            .await
+            .expect("decided");
+        assert_eq!(d.over_limit, expected);
+        assert_eq!(d.statuses.len(), 2);
+        assert!(!d.statuses[0].over_limit, "the empty one is OK");
     }
 }
 

@@ -62,9 +62,10 @@ pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<
         ));
     }
     for (i, d) in request.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
-            return invalid(format!("descriptor {i} has no entries"));
-        }
+        // A descriptor without entries matches no rule and is answered OK,
+        // as the reference does: Envoy sends one for a rate_limits entry
+        // whose every action was skipped (`skip_if_absent`), and refusing
+        // the whole request would make Envoy fail open for the others.
         if d.entries.len() > bounds.entries {
             return invalid(format!(
                 "descriptor {i} has {} entries, above the bound of {} (--max-entries)",

@@ -70,15 +70,24 @@ pub(super) fn compile(
     };
     // `tollgate simulate --algorithm`: the same limits under another
     // algorithm. Calendar quotas stay fixed windows; a window has no burst.
+    // A log's bound and exactness: a limit a sliding log cannot hold
+    // (above --max-sliding-log, or leased) keeps its own algorithm too.
+    let log_fits = rpu <= options.max_sliding_log && lease == 0;
     let (algorithm, burst) = match options.algorithm_override {
-        Some(other) if zone.is_none() && other != algorithm => (
-            other,
-            if other == Algorithm::TokenBucket {
-                burst
-            } else {
-                rpu
-            },
-        ),
+        Some(other)
+            if zone.is_none()
+                && other != algorithm
+                && (other != Algorithm::SlidingLog || log_fits) =>
+        {
+            (
+                other,
+                if other == Algorithm::TokenBucket {
+                    burst
+                } else {
+                    rpu
+                },
+            )
+        }
         _ => (algorithm, burst),
     };
     let limit = Limit {
@@ -101,7 +110,12 @@ pub(super) fn compile(
                 .and_then(|r| at(&r.referenced))
                 .or(pos),
             format!(
-                "'{path}' is a sliding_log of {rpu} requests per {}; a log keeps an entry per admitted request, and the bound is {} (--max-sliding-log; a sliding_window counts large limits in two numbers)",
+                "'{path}' is a sliding_log{} of {rpu} requests per {}; a log keeps an entry per admitted request, and the bound is {} (--max-sliding-log; a sliding_window counts large limits in two numbers)",
+                if rl.algorithm.is_none() {
+                    " (by --default-algorithm)"
+                } else {
+                    ""
+                },
                 limit.period_name(),
                 options.max_sliding_log
             ),

@@ -332,7 +332,7 @@ impl fmt::Display for RuleSet {
 }
 
 #[cfg(test)]
-mod lane_tests;
+mod shape_tests;
 #[cfg(test)]
 mod tests;
 

@@ -136,6 +136,8 @@ async fn a_sliding_log_on_redis_and_a_cluster() {
         .collect();
     assert_eq!(logs.len(), 4, "one key per client's log: {logs:?}");
 
+    values_no_script_wrote_read_as_an_empty_log(&redis, &server).await;
+
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     let server = Served::start(
@@ -150,4 +152,50 @@ async fn a_sliding_log_on_redis_and_a_cluster() {
         ],
     );
     everything(&server).await;
+}
+
+/// A log key holding what no script wrote (an infinite or NaN time, hits
+/// of zero, minus five or 2^40, times out of order, a string): read as an
+/// empty log, so the request it shares a script call with is decided, not
+/// failed; and rewritten with an expiry at its first admission.
+async fn values_no_script_wrote_read_as_an_empty_log(redis: &RedisServer, server: &Served) {
+    let poisons = [
+        "{math.huge, 1}",
+        "{0/0, 1}",
+        "{1, 0}",
+        "{1, -5}",
+        "{1, 2^40}",
+        "{2000, 1, 1000, 1}",
+        "'not a log'",
+    ];
+    let mut client = server.client().await;
+    for (i, poison) in poisons.iter().enumerate() {
+        let user = format!("poisoned-{i}");
+        let key = format!("tollgate:{{log|reset={user}}}:sl:hour");
+        let script = format!(
+            "local v = {poison}; if type(v) == 'table' then v = cmsgpack.pack(v) end; return redis.call('SET', KEYS[1], v)"
+        );
+        assert_eq!(
+            redis.cli(&["EVAL", &script, "1", &key]).trim(),
+            "OK",
+            "{poison}"
+        );
+        for n in 0..6 {
+            let both = request(
+                "log",
+                &[&[("reset", &user)], &[("race", &format!("other-{i}"))]],
+            );
+            let answer = ask(&mut client, both).await;
+            let expected = if n < 5 { Code::Ok } else { Code::OverLimit };
+            assert_eq!(
+                answer.overall_code, expected as i32,
+                "{poison}, request {n}"
+            );
+        }
+        let ttl: i64 = redis.cli(&["PTTL", &key]).trim().parse().expect("a number");
+        assert!(
+            ttl > 3_000_000,
+            "{poison}: rewritten with an hour's expiry: {ttl}"
+        );
+    }
 }

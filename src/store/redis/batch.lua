@@ -105,8 +105,12 @@ local function read(key)
 end
 
 -- A sliding log, decoded once per call: what this call wrote, else what
--- Redis holds (anything but a MessagePack array of numbers: empty).
+-- Redis holds. Anything but what Tollgate writes (a MessagePack array of
+-- pairs of whole numbers: times below 2^53 µs in order, hits from 1 to
+-- 2^32) is read as an empty log: a value no script wrote must not fail the
+-- call (everyone's requests in it), nor count as infinite or negative hits.
 local logs = {}
+local EXACT_US, MAX_HITS = 9007199254740992, 4294967295
 local function read_log(key)
   local v = pending[key]
   if v ~= nil then return v end
@@ -119,11 +123,18 @@ local function read_log(key)
     if r then
       local ok, t = pcall(cmsgpack.unpack, r)
       if ok and type(t) == 'table' and #t % 2 == 0 then
-        local numbers = true
-        for i = 1, #t do
-          if type(t[i]) ~= 'number' then numbers = false end
+        local valid, last = true, 0
+        for i = 1, #t, 2 do
+          local at, hits = t[i], t[i + 1]
+          if type(at) ~= 'number' or type(hits) ~= 'number'
+            or at ~= math.floor(at) or at < last or at >= EXACT_US
+            or hits ~= math.floor(hits) or hits < 1 or hits > MAX_HITS then
+            valid = false
+            break
+          end
+          last = at
         end
-        if numbers then v = t end
+        if valid then v = t end
       end
     end
     logs[key] = v

@@ -48,8 +48,15 @@ impl OverLimitCache {
             if !c.enforced || c.quota_mode {
                 return None;
             }
-            let until = *self.shard(id(c)).lock().get(&id(c))?;
-            (until > now).then_some((i, until - now))
+            let id = id(c);
+            let mut shard = self.shard(id).lock();
+            let until = *shard.get(&id)?;
+            if until <= now {
+                // Expired: gone, so the key is asked of the store again.
+                shard.remove(&id);
+                return None;
+            }
+            Some((i, until - now))
         });
         let Some((denied, wait)) = blocked else {
             return false;
@@ -91,5 +98,48 @@ impl OverLimitCache {
             }
             shard.insert(id, now + outcome.wait);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Quota};
+    use crate::clock::NANOS_PER_SEC;
+    use crate::rules::Unit;
+    use crate::store::CounterKey;
+
+    fn refused(wait: Nanos) -> Check {
+        let mut key = CounterKey::new("d", Algorithm::FixedWindow, Unit::Second);
+        key.entry("user", "u");
+        let mut check = Check::new(
+            key,
+            Algorithm::FixedWindow,
+            Quota::new(1, NANOS_PER_SEC, 1),
+            1,
+            true,
+        );
+        check.outcome = Some(Outcome {
+            allowed: false,
+            remaining: 0,
+            wait,
+            commit: None,
+        });
+        check
+    }
+
+    /// A refusal is answered until it expires; then the key is asked of
+    /// the store again (the entry is dropped), never answered with a wait
+    /// gone negative.
+    #[test]
+    fn a_refusal_answers_until_it_expires_and_then_goes() {
+        let cache = OverLimitCache::default();
+        cache.remember(&[refused(3 * NANOS_PER_SEC)], 10 * NANOS_PER_SEC);
+        let mut checks = [refused(0)];
+        assert!(cache.answer(&mut checks, 12 * NANOS_PER_SEC));
+        assert_eq!(checks[0].outcome.map(|o| o.wait), Some(NANOS_PER_SEC));
+        assert!(!cache.answer(&mut checks, 13 * NANOS_PER_SEC), "expired");
+        assert!(!cache.answer(&mut checks, 14 * NANOS_PER_SEC));
+        assert!(cache.shards.iter().all(|s| s.lock().is_empty()), "dropped");
     }
 }

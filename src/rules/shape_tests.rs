@@ -1,5 +1,8 @@
-//! Priority lanes (`lanes:`): how a descriptor with a lane entry matches,
-//! and every way a lane can be written wrong.
+//! The rule shapes a request counter can't express: priority lanes
+//! (`lanes:`: how a descriptor with a lane entry matches, and every way a
+//! lane can be written wrong) and the sliding log's bounds.
+
+use std::path::PathBuf;
 
 use super::*;
 
@@ -110,4 +113,66 @@ descriptors:
         let err = RuleSet::from_yaml(&yaml).expect_err(limit).to_string();
         assert!(err.contains("and it has none"), "{limit}: {err}");
     }
+}
+
+#[test]
+fn a_sliding_log_is_bounded_by_name_and_never_leased() {
+    use crate::algorithm::Algorithm;
+    let one =
+        |limit: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {limit}\n");
+    let ok = RuleSet::from_yaml(&one(
+        "{unit: hour, requests_per_unit: 1000, algorithm: sliding_log}",
+    ))
+    .expect("at the bound");
+    assert_eq!(
+        ok.rules()[0].limit.map(|l| l.algorithm),
+        Some(Algorithm::SlidingLog)
+    );
+    let err = RuleSet::from_yaml(&one(
+        "{unit: hour, requests_per_unit: 1001, algorithm: sliding_log}",
+    ))
+    .expect_err("above")
+    .to_string();
+    assert!(
+        err.contains(":4:") && err.contains("--max-sliding-log") && err.contains("1000"),
+        "{err}"
+    );
+    let raised = LoadOptions {
+        max_sliding_log: 5_000,
+        ..LoadOptions::default()
+    };
+    let text = one("{unit: hour, requests_per_unit: 1001, algorithm: sliding_log}");
+    assert!(load_sources(&[(PathBuf::from("r.yaml"), text)], &raised).is_ok());
+    let err = RuleSet::from_yaml(&one(
+        "{unit: hour, requests_per_unit: 10, algorithm: sliding_log, consistency: leased, lease: 2}",
+    ))
+    .expect_err("leased")
+    .to_string();
+    assert!(err.contains("cannot be leased"), "{err}");
+    // From --default-algorithm: said so.
+    let by_default = LoadOptions {
+        default_algorithm: Algorithm::SlidingLog,
+        ..LoadOptions::default()
+    };
+    let text = one("{unit: hour, requests_per_unit: 5000}");
+    let err = load_sources(&[(PathBuf::from("r.yaml"), text)], &by_default)
+        .expect_err("above")
+        .to_string();
+    assert!(err.contains("by --default-algorithm"), "{err}");
+    // `simulate --algorithm sliding-log`: a limit no log can hold keeps its own.
+    let what_if = LoadOptions {
+        algorithm_override: Some(Algorithm::SlidingLog),
+        ..LoadOptions::default()
+    };
+    let text = format!(
+        "{}  - key: small\n    rate_limit: {{unit: hour, requests_per_unit: 5}}\n",
+        one("{unit: hour, requests_per_unit: 5000, algorithm: token_bucket}")
+    );
+    let rules = load_sources(&[(PathBuf::from("r.yaml"), text)], &what_if).expect("loads");
+    let algorithms: Vec<_> = rules
+        .rules()
+        .iter()
+        .filter_map(|r| r.limit.map(|l| l.algorithm))
+        .collect();
+    assert_eq!(algorithms, [Algorithm::TokenBucket, Algorithm::SlidingLog]);
 }
