@@ -36,6 +36,23 @@ impl Served {
         }
     }
 
+    /// Serves `rules` on the Redis at `url` (`redis://...`), then `args`.
+    pub fn on_redis(rules: &str, url: &str, args: &[&str]) -> Self {
+        Self::start(
+            rules,
+            &[&["--store", "redis", "--redis-url", url], args].concat(),
+        )
+    }
+
+    /// Serves `rules` on the Redis Cluster of `urls` (comma-separated),
+    /// then `args`.
+    pub fn on_cluster(rules: &str, urls: &str, args: &[&str]) -> Self {
+        Self::start(
+            rules,
+            &[&["--store", "redis-cluster", "--redis-url", urls], args].concat(),
+        )
+    }
+
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         client_of(self.addr).await
     }

@@ -132,36 +132,16 @@ async fn lanes_on_the_memory_store() {
 #[tokio::test(flavor = "multi_thread")]
 async fn lanes_on_redis_and_a_cluster() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let server = Served::start(
+    let server = Served::on_redis(
         RULES,
-        &[
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-timeout",
-            "2s",
-            "--over-limit-cache",
-            "on",
-        ],
+        &redis.url(),
+        &["--redis-timeout", "2s", "--over-limit-cache", "on"],
     );
     lanes_share_one_counter(&server).await;
     racing_lanes_stay_within_their_shares(&server).await;
 
     let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let server = Served::start(
-        RULES,
-        &[
-            "--store",
-            "redis-cluster",
-            "--redis-url",
-            &urls,
-            "--redis-timeout",
-            "2s",
-        ],
-    );
+    let server = Served::on_cluster(RULES, &cluster.urls(), &["--redis-timeout", "2s"]);
     lanes_share_one_counter(&server).await;
     racing_lanes_stay_within_their_shares(&server).await;
 }

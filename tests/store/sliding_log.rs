@@ -115,18 +115,7 @@ async fn a_sliding_log_on_the_memory_store() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sliding_log_on_redis_and_a_cluster() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let server = Served::start(
-        RULES,
-        &[
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-timeout",
-            "2s",
-        ],
-    );
+    let server = Served::on_redis(RULES, &redis.url(), &["--redis-timeout", "2s"]);
     everything(&server).await;
     let logs: Vec<String> = redis
         .counters_with_ttl()
@@ -139,18 +128,7 @@ async fn a_sliding_log_on_redis_and_a_cluster() {
     values_no_script_wrote_read_as_an_empty_log(&redis, &server).await;
 
     let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let server = Served::start(
-        RULES,
-        &[
-            "--store",
-            "redis-cluster",
-            "--redis-url",
-            &urls,
-            "--redis-timeout",
-            "2s",
-        ],
-    );
+    let server = Served::on_cluster(RULES, &cluster.urls(), &["--redis-timeout", "2s"]);
     everything(&server).await;
 }
 
