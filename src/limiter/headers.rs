@@ -16,11 +16,15 @@ fn ceil_secs(n: Nanos) -> u64 {
     n.div_ceil(NANOS_PER_SEC)
 }
 
-/// Writes `s` as a structured-field string (RFC 8941 sf-string).
+/// Writes `s` as a structured-field string (RFC 8941 sf-string), which
+/// holds printable ASCII only: any other character is written as the
+/// percent-encoding of its UTF-8 bytes (`ü` as `%c3%bc`), and `%` itself as
+/// `%25`, so distinct names stay distinct (the encoding of RFC 9651's
+/// display strings, inside a plain string every parser reads).
 pub(super) fn sf_string(out: &mut String, s: &str) {
     out.push('"');
     if s.bytes()
-        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        .all(|b| (b' '..=b'~').contains(&b) && !matches!(b, b'"' | b'\\' | b'%'))
     {
         out.push_str(s);
         out.push('"');
@@ -32,9 +36,13 @@ pub(super) fn sf_string(out: &mut String, s: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            ' '..='~' => out.push(c),
-            // Only printable ASCII is allowed in an sf-string.
-            _ => out.push('?'),
+            ' '..='~' if c != '%' => out.push(c),
+            _ => {
+                let mut bytes = [0; 4];
+                for b in c.encode_utf8(&mut bytes).bytes() {
+                    out.push_str(&format!("%{b:02x}"));
+                }
+            }
         }
     }
     out.push('"');
@@ -131,5 +139,30 @@ impl<'a> Wait<'a> {
     /// The limit that decides the wait (a zero one first, else the longest).
     pub(super) fn limit(&self) -> Option<&'a AppliedLimit> {
         self.never.or(self.longest.map(|(_, l)| l))
+    }
+}
+
+#[cfg(test)]
+mod sf_tests {
+    use super::sf_string;
+
+    fn sf(s: &str) -> String {
+        let mut out = String::new();
+        sf_string(&mut out, s);
+        out
+    }
+
+    /// Printable ASCII as it is; quotes and backslashes escaped; anything
+    /// else (and `%`) percent-encoded, so two names never print alike.
+    #[test]
+    fn names_are_written_losslessly_in_printable_ascii() {
+        assert_eq!(sf("per-user"), r#""per-user""#);
+        assert_eq!(sf(r#"a "b" \c"#), r#""a \"b\" \\c""#);
+        assert_eq!(sf("ünï"), r#""%c3%bcn%c3%af""#);
+        assert_eq!(sf("名前"), r#""%e5%90%8d%e5%89%8d""#);
+        assert_eq!(sf("50%"), r#""50%25""#);
+        assert_eq!(sf("a\nb"), r#""a%0ab""#);
+        assert_ne!(sf("ü"), sf("%c3%bc"));
+        assert_ne!(sf("ü"), sf("ö"));
     }
 }
