@@ -162,6 +162,30 @@ fn tls(args: &ServeArgs) -> Result<Option<Arc<super::Tls>>, String> {
     Ok(Some(Arc::new(tls)))
 }
 
+/// Why a listener could not be bound, naming the flag that chose the
+/// address: what an operator changes.
+fn cannot_listen(
+    addr: std::net::SocketAddr,
+    what: &str,
+    flag: &str,
+    e: &std::io::Error,
+) -> String {
+    let why = match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "the address is already in use (another process, perhaps another tollgate, listens on it)"
+                .to_owned()
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "permission denied (ports below 1024 need privileges)".to_owned()
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "no interface of this machine has that address".to_owned()
+        }
+        _ => e.to_string(),
+    };
+    format!("cannot listen on {addr} for {what} ({flag}): {why}; choose another with {flag}")
+}
+
 /// The gRPC listeners (one per worker) and the admin listeners, bound.
 fn listeners(
     args: &ServeArgs,
@@ -170,12 +194,12 @@ fn listeners(
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let grpc = super::bind_grpc(args.grpc_addr, workers)
-        .map_err(|e| format!("cannot listen on {}: {e}", args.grpc_addr))?;
+        .map_err(|e| cannot_listen(args.grpc_addr, "gRPC", "--grpc-addr", &e))?;
     let mut admin = Vec::new();
     for addr in &args.admin_addr {
         let listener = std::net::TcpListener::bind(addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| format!("cannot listen on {addr} (admin HTTP): {e}"))?;
+            .map_err(|e| cannot_listen(*addr, "admin HTTP", "--admin-addr", &e))?;
         admin.push(listener);
     }
     if let Some(addr) = grpc.first().and_then(|l| l.local_addr().ok()) {
@@ -275,7 +299,7 @@ fn reference_metrics(args: &ServeArgs) -> Result<Option<super::ReferenceMetrics>
     }
     let listener = std::net::TcpListener::bind(addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| format!("cannot listen on {addr} (reference metrics): {e}"))?;
+        .map_err(|e| cannot_listen(addr, "reference metrics", "--reference-metrics-addr", &e))?;
     tracing::info!(%addr, %path, "reference metrics listening");
     Ok(Some(super::ReferenceMetrics {
         listener,

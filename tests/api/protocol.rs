@@ -226,8 +226,31 @@ fn a_second_server_on_a_taken_port_does_not_start() {
     assert!(!second.started, "{}", second.stdout);
     assert!(!second.success);
     assert!(
-        second.stderr.contains(&addr) && second.stderr.contains("already in use"),
+        second.stderr.contains(&addr)
+            && second.stderr.contains("already in use")
+            && second.stderr.contains("for gRPC (--grpc-addr)"),
         "{}",
         second.stderr
+    );
+    // The admin port too, named by its flag.
+    let admin = first.admin.to_string();
+    let third = run_briefly_as_given(
+        &[
+            "--rules",
+            first.rules_path().to_str().expect("utf-8"),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            &admin,
+        ],
+        &[],
+    );
+    assert!(!third.success);
+    assert!(
+        third.stderr.contains(&admin)
+            && third.stderr.contains("already in use")
+            && third.stderr.contains("choose another with --admin-addr"),
+        "{}",
+        third.stderr
     );
 }
