@@ -29,6 +29,9 @@ pub(crate) struct TopOptions {
     pub domain: Option<String>,
     /// Only clients with a key or value containing this.
     pub search: Option<String>,
+    /// Every instance's view merged (`/limited?scope=merged`), not only the
+    /// one at `admin`.
+    pub merged: bool,
     /// Print one frame and exit (no screen clearing).
     pub once: bool,
     /// A bearer token (for `--admin-reads token`).
@@ -64,6 +67,9 @@ pub(crate) fn run(options: &TopOptions) -> Result<(), String> {
     }
     if let Some(s) = &options.search {
         query.push(format!("search={}", encode(s)));
+    }
+    if options.merged {
+        query.push("scope=merged".to_owned());
     }
     let path = match query.is_empty() {
         true => format!("{path_prefix}/limited"),
@@ -285,11 +291,13 @@ pub(crate) fn render(view: &View, admin: &str, width: usize) -> String {
                 .map_or(String::new(), |s| format!("  at {}", visible(s)))
         ));
         out.push_str(&format!(
-            "  {:>9} {:>9} {:>6}  {:<8}  CLIENT\n",
-            "REFUSED", "ADMITTED", "SHARE", "LAST"
+            "  {:>9} {:>9} {:>6}  {:<8}  {:<8}  CLIENT\n",
+            "REFUSED", "ADMITTED", "SHARE", "FIRST", "LAST"
         ));
         for c in &rule.clients {
-            let last = visible(c.last_refused.get(11..19).unwrap_or(&c.last_refused));
+            // The time of day (UTC) of the first and the last refusal.
+            let time = |t: &str| visible(t.get(11..19).unwrap_or(t)).into_owned();
+            let (first, last) = (time(&c.first_refused), time(&c.last_refused));
             let who: String = c
                 .descriptors
                 .iter()
@@ -304,14 +312,13 @@ pub(crate) fn render(view: &View, admin: &str, width: usize) -> String {
             // One client, one line: control characters could forge others.
             let who: String = visible(&who)
                 .chars()
-                .take(width.saturating_sub(42))
+                .take(width.saturating_sub(52))
                 .collect();
             out.push_str(&format!(
-                "  {:>9} {:>9} {:>5.0}%  {:<8}  {who}\n",
+                "  {:>9} {:>9} {:>5.0}%  {first:<8}  {last:<8}  {who}\n",
                 c.refused,
                 c.admitted,
                 c.share * 100.0,
-                last
             ));
         }
     }
@@ -440,5 +447,8 @@ mod tests {
         ] {
             assert!(frame.contains(shown), "{shown} in {frame}");
         }
+        // The first and the last refusal, as times of day.
+        assert!(frame.contains("FIRST     LAST"), "{frame}");
+        assert!(frame.contains("00:00:00  00:00:01"), "{frame}");
     }
 }

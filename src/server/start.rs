@@ -164,12 +164,7 @@ fn tls(args: &ServeArgs) -> Result<Option<Arc<super::Tls>>, String> {
 
 /// Why a listener could not be bound, naming the flag that chose the
 /// address: what an operator changes.
-fn cannot_listen(
-    addr: std::net::SocketAddr,
-    what: &str,
-    flag: &str,
-    e: &std::io::Error,
-) -> String {
+fn cannot_listen(addr: std::net::SocketAddr, what: &str, flag: &str, e: &std::io::Error) -> String {
     let why = match e.kind() {
         std::io::ErrorKind::AddrInUse => {
             "the address is already in use (another process, perhaps another tollgate, listens on it)"

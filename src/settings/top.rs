@@ -24,6 +24,10 @@ pub(crate) struct TopArgs {
     /// Only clients with a descriptor key or value containing this.
     #[arg(long)]
     pub search: Option<String>,
+    /// Whose view: `instance` (the one at --admin) or `merged` (every
+    /// instance sharing its Redis, from their published views).
+    #[arg(long, default_value = "instance", value_parser = ["instance", "merged"])]
+    pub scope: String,
     /// Print once and exit.
     #[arg(long)]
     pub once: bool,
@@ -55,6 +59,7 @@ impl TopArgs {
             interval: self.interval,
             domain: self.domain.clone(),
             search: self.search.clone(),
+            merged: self.scope == "merged",
             once: self.once,
             token,
             ca_file: self.ca_file.clone(),

@@ -479,6 +479,22 @@ async fn the_merged_view_sums_the_instances_on_redis() {
     let merged = json_of(&http(a.admin, "GET", "/limited?scope=merged", &[]).expect("admin"));
     assert_eq!(merged["instances"], 2);
     assert_eq!(merged["rules"][0]["refused"], 25);
+    // `tollgate top --scope merged` shows the sum from either instance.
+    let top = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["top", "--once", "--scope", "merged", "--admin"])
+        .arg(format!("http://{}", b.admin))
+        .output()
+        .expect("runs");
+    let screen = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.status.success(),
+        "{screen}{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    assert!(
+        screen.contains(", merged") && screen.contains("api.user (api)  25 refused"),
+        "{screen}"
+    );
     // On the memory store there is nothing to merge: said so.
     let alone = Tollgate::start(RULES, &[]);
     let r = http(alone.admin, "GET", "/limited?scope=merged", &[]).expect("admin");
