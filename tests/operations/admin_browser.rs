@@ -37,7 +37,7 @@ fn serve_page(page: String) -> u16 {
 
 /// Opens `url` in headless Chromium and returns the page's DOM once its
 /// scripts have had `budget_ms` of (virtual) time.
-fn chromium(url: &str, budget_ms: u32) -> String {
+pub(crate) fn chromium(url: &str, budget_ms: u32) -> String {
     crate::common::require_program("chromium", "chromium");
     let profile = tempfile::tempdir().expect("profile dir");
     let out = Command::new("chromium")

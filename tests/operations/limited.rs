@@ -495,10 +495,21 @@ async fn the_merged_view_sums_the_instances_on_redis() {
         screen.contains(", merged") && screen.contains("api.user (api)  25 refused"),
         "{screen}"
     );
+    // And the page, asked for every instance (`/ui#merged`, the box ticked).
+    let dom = crate::admin_browser::chromium(&format!("http://{}/ui#merged", b.admin), 4_000);
+    assert!(
+        dom.contains("every instance on this Redis (2 publishing)") && dom.contains("25 refused"),
+        "{dom}"
+    );
     // On the memory store there is nothing to merge: said so.
     let alone = Tollgate::start(RULES, &[]);
     let r = http(alone.admin, "GET", "/limited?scope=merged", &[]).expect("admin");
     assert_eq!(r.status, 400, "{}", r.body);
+    let dom = crate::admin_browser::chromium(&format!("http://{}/ui#merged", alone.admin), 4_000);
+    assert!(
+        dom.contains("400 scope=merged needs a store"),
+        "said on the page: {dom}"
+    );
 }
 
 /// `--admin-reads token`: who is limited is read with a token only (the

@@ -37,9 +37,12 @@ function descriptorsText(descriptors) {
 function renderLimited(view) {
   const box = document.getElementById("limited");
   box.replaceChildren();
+  const whose = view.scope === "merged"
+    ? "every instance on this Redis (" + view.instances + " publishing)"
+    : "this instance";
   document.getElementById("window").textContent =
-    visible("The last " + view.window_seconds + " s, this instance (" + view.scope +
-    "); up to " + view.slots + " clients per rule.");
+    visible("The last " + view.window_seconds + " s, " + whose +
+    "; up to " + view.slots + " clients per rule.");
   if (view.rules.length === 0) {
     box.append(el("p", "Nobody is being limited.", "note"));
     return;
@@ -74,10 +77,19 @@ function renderLimited(view) {
 
 async function refresh() {
   const search = document.getElementById("search").value.trim();
-  const query = search ? "?search=" + encodeURIComponent(search) : "";
+  const params = new URLSearchParams();
+  if (search) params.set("search", search);
+  if (document.getElementById("merged").checked) params.set("scope", "merged");
+  const query = params.toString() ? "?" + params.toString() : "";
   try {
     const limited = await fetch("/limited" + query, { headers: { Accept: "application/json" } });
-    renderLimited(await limited.json());
+    if (limited.ok) {
+      renderLimited(await limited.json());
+    } else {
+      // The memory store has no other instances to merge: its answer says so.
+      document.getElementById("limited").replaceChildren(
+        el("p", "GET /limited" + query + ": " + limited.status + " " + (await limited.text()), "note"));
+    }
   } catch (e) {
     document.getElementById("limited").replaceChildren(el("p", "Could not read /limited: " + e, "note"));
   }
@@ -178,5 +190,8 @@ if (location.hash.startsWith("#inspect=")) {
   }
 }
 document.getElementById("search").addEventListener("input", refresh);
+// Every instance's view merged: ticked, or asked in the address (#merged).
+document.getElementById("merged").checked = location.hash === "#merged";
+document.getElementById("merged").addEventListener("change", refresh);
 refresh();
 setInterval(refresh, REFRESH_MS);
