@@ -269,12 +269,12 @@ fn html_with(outcomes: &[ScenarioResult], plots: &[Vec<String>]) -> String {
     );
     let _ = writeln!(
         html,
-        "<h2>Summary</h2>\n<table><tr><th>scenario / rule</th><th>limit</th><th>requests</th><th>admitted</th><th>refused</th><th>peak</th></tr>"
+        "<h2>Summary</h2>\n<table><tr><th>scenario / rule</th><th>limit</th><th>requests</th><th>admitted</th><th>refused</th><th>tagged</th><th>peak</th></tr>"
     );
     for o in outcomes {
         let _ = writeln!(
             html,
-            "<tr><th colspan=\"6\">{} ({} requests, {} refused)</th></tr>",
+            "<tr><th colspan=\"7\">{} ({} requests, {} refused)</th></tr>",
             escape(&o.scenario),
             o.requests,
             o.refused
@@ -282,12 +282,13 @@ fn html_with(outcomes: &[ScenarioResult], plots: &[Vec<String>]) -> String {
         for r in &o.rules {
             let _ = writeln!(
                 html,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} %</td></tr>",
                 escape(&r.label()),
                 escape(&r.limit),
                 r.requests,
                 r.admitted,
                 r.refused,
+                r.tagged,
                 100.0 * r.peak_usage
             );
         }
@@ -319,9 +320,54 @@ fn html_with(outcomes: &[ScenarioResult], plots: &[Vec<String>]) -> String {
             }
         }
         html.push_str("</div>\n");
+        refused_clients(&mut html, outcomes, rule);
     }
     html.push_str("</body></html>\n");
     html
+}
+
+/// The clients `rule` would refuse most, one column per scenario side by
+/// side (a client another scenario spares shows `-`), heaviest first.
+fn refused_clients(html: &mut String, outcomes: &[ScenarioResult], rule: &str) {
+    let columns: Vec<Option<&RuleResult>> = outcomes
+        .iter()
+        .map(|o| o.rules.iter().find(|r| r.rule == rule))
+        .collect();
+    let mut clients: Vec<(&str, u64)> = Vec::new();
+    for r in columns.iter().flatten() {
+        for (client, n) in &r.top_refused {
+            match clients.iter_mut().find(|(c, _)| c == client) {
+                Some((_, most)) => *most = (*most).max(*n),
+                None => clients.push((client, *n)),
+            }
+        }
+    }
+    if clients.is_empty() {
+        return;
+    }
+    clients.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let _ = write!(
+        html,
+        "<table class=\"refused\"><tr><th>clients refused most</th>"
+    );
+    for o in outcomes {
+        let _ = write!(html, "<th>{}</th>", escape(&o.scenario));
+    }
+    html.push_str("</tr>\n");
+    for (client, _) in clients {
+        let _ = write!(html, "<tr><td>{}</td>", escape(&printable(client)));
+        for r in &columns {
+            let n = r.and_then(|r| r.top_refused.iter().find(|(c, _)| c == client));
+            match n {
+                Some((_, n)) => {
+                    let _ = write!(html, "<td>{n}</td>");
+                }
+                None => html.push_str("<td>-</td>"),
+            }
+        }
+        html.push_str("</tr>\n");
+    }
+    html.push_str("</table>\n");
 }
 
 /// Writes every output file into `dir`.

@@ -214,6 +214,33 @@ fn the_report_has_a_plot_per_rule_and_scenario_and_needs_nothing_else() {
             "{rule}"
         );
     }
+    // Who each rule would refuse, the scenarios side by side: the login
+    // rule's heaviest client, with its count under each algorithm.
+    assert_eq!(
+        html.matches("<table class=\"refused\">").count(),
+        3,
+        "a table per rule"
+    );
+    let s = summary(dir.path());
+    let top = |scenario: usize| {
+        s["scenarios"][scenario]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|r| r["rule"] == "shop.generic_key_login.remote_address")
+            .map(|r| r["top_refused"][0].clone())
+            .expect("the login rule")
+    };
+    let (fixed, bucket) = (top(0), top(1));
+    let row = format!(
+        "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+        fixed[0].as_str().expect("a client"),
+        fixed[1],
+        bucket[1]
+    );
+    assert_eq!(fixed[0], bucket[0], "the same heaviest client");
+    assert!(html.contains("<th>clients refused most</th><th>rules.yaml, fixed_window</th><th>rules.yaml, token_bucket</th>"), "{html}");
+    assert!(html.contains(&row), "{row} in the report");
     for outside in ["<script", "<link", "src=", "@import", "url("] {
         assert!(
             !html.contains(outside),
