@@ -386,7 +386,7 @@ fn the_documented_image_override_points_the_deployment_at_your_image() {
         .filter_map(|c| c["image"].as_str())
         .collect();
     assert!(
-        images.contains(&"registry.example.com/tollgate:0.1.0"),
+        images.contains(&"registry.example.com/tollgate:0.2.0"),
         "{images:?}"
     );
     assert!(
