@@ -445,11 +445,16 @@ pub use served::Served;
 
 /// The resident memory of process `pid`, in bytes.
 pub fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    rss_if_running(pid).expect("VmRSS")
+}
+
+/// The resident memory of process `pid`, in bytes, or `None` once it has
+/// exited (a process that has exited but is not yet reaped has no VmRSS).
+pub fn rss_if_running(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
+        .map(|kb| kb * 1024)
 }

@@ -392,6 +392,9 @@ fn top(admin: SocketAddr, scheme: &str, tokens: &str, extra: &[&str]) -> (bool, 
         .args(["top", "--once", "--token-file", tokens, "--admin"])
         .arg(format!("{scheme}://{admin}"))
         .args(extra)
+        // A terminal wide enough for the escaped values whole (`top` cuts a
+        // client's line at the terminal's width).
+        .env("COLUMNS", "200")
         .output()
         .expect("runs");
     (
