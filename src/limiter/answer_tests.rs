@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::tests::req;
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
 use crate::rules::RuleSet;
@@ -43,20 +44,6 @@ fn json() -> LimiterOptions {
     LimiterOptions {
         over_limit_body: OverLimitBody::Json,
         ..LimiterOptions::default()
-    }
-}
-
-fn req<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
-    Request {
-        domain: "api",
-        descriptors: descriptors
-            .iter()
-            .map(|entries| Descriptor {
-                entries: entries.iter().copied().collect(),
-                ..Descriptor::default()
-            })
-            .collect(),
-        hits_addend: 0,
     }
 }
 

@@ -50,7 +50,8 @@ fn limiter() -> (Limiter, ManualClock) {
     limiter_with(MemoryStoreOptions::default())
 }
 
-fn req<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
+/// A request in domain `api` of plain descriptors (the answer tests' too).
+pub(super) fn req<'a>(descriptors: &[&[(&'a str, &'a str)]]) -> Request<'a> {
     Request {
         domain: "api",
         descriptors: descriptors
