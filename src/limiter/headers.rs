@@ -8,6 +8,8 @@
 //! refuse nothing, and advertising them would have clients slow down for a
 //! limit that is only being watched, or that only tags their requests.
 
+use std::fmt::Write as _;
+
 use super::types::{AppliedLimit, DescriptorStatus};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
@@ -40,7 +42,7 @@ pub(super) fn sf_string(out: &mut String, s: &str) {
             _ => {
                 let mut bytes = [0; 4];
                 for b in c.encode_utf8(&mut bytes).bytes() {
-                    out.push_str(&format!("%{b:02x}"));
+                    let _ = write!(out, "%{b:02x}");
                 }
             }
         }

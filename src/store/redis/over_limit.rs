@@ -26,10 +26,9 @@ pub struct OverLimitCache {
 }
 
 fn id(check: &Check) -> u64 {
-    // The limit is part of the identity: an override with another limit is
-    // another question.
-    // The limit and the capacity: a priority lane decides one counter
-    // against less of them, and its refusal is not the whole limit's.
+    // The limit and the capacity are part of the identity: an override with
+    // another limit is another question, and a priority lane decides one
+    // counter against less of them (its refusal is not the whole limit's).
     let quota = u64::from(check.quota.limit) | u64::from(check.quota.burst) << 32;
     xxhash_rust::xxh3::xxh3_64_with_seed(check.key.as_bytes(), quota)
 }
