@@ -246,8 +246,8 @@ async fn serving_v1() -> (XdsServer, Tollgate) {
 
 /// A large push (7 domains of 17,000 descriptors, about 3.9 MB, within the
 /// default --xds-max-message-bytes) is parsed and compiled off the runtime
-/// that answers the probes: /healthcheck keeps answering within 100 ms while
-/// it loads.
+/// that answers the probes: /healthcheck keeps answering within the
+/// kubelet's timeout while it loads.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_large_push_does_not_delay_the_probes() {
     let (xds, server) = serving_v1().await;
@@ -284,8 +284,12 @@ async fn a_large_push_does_not_delay_the_probes() {
     let (slowest, probes) = probing.await.expect("probing");
     eprintln!("xds: a {bytes}-byte push: /healthcheck at most {slowest:?} over {probes} probes");
     assert!(probes >= 5, "the push took {probes} probes' time");
+    // The kubelet's default probe timeout is 1 s. Compiling on the runtime
+    // held a probe for the whole compile (seconds); off it, a probe waits only
+    // for the two cores the other tests' servers and Envoys share (0.8 ms
+    // alone, 155 ms once in a CI run).
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < Duration::from_secs(1),
         "/healthcheck took {slowest:?} during the push ({probes} probes)"
     );
     let mut client = server.client().await;
