@@ -377,4 +377,6 @@ impl Limiter {
 #[cfg(test)]
 mod answer_tests;
 #[cfg(test)]
+mod held_tests;
+#[cfg(test)]
 mod tests;

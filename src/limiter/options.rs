@@ -72,6 +72,9 @@ pub struct RequestBounds {
     /// together (`--max-checks`): one request is decided by one script call
     /// on Redis, which holds Redis for everyone while it runs.
     pub checks: usize,
+    /// Bytes of a request ID (`request_id`, `release`, `settle`), which an
+    /// in-flight cap or a reservation holds (`--max-request-id-bytes`).
+    pub request_id_bytes: usize,
 }
 
 impl Default for RequestBounds {
@@ -86,6 +89,7 @@ impl Default for RequestBounds {
             value_bytes: 64 * 1024,
             request_bytes: 128 * 1024,
             checks: 1024,
+            request_id_bytes: 256,
         }
     }
 }

@@ -9,7 +9,9 @@ use super::validate::{drop_replaced, validate};
 use super::{LimitError, Limiter, Planned, Request};
 use crate::metrics::LimitStats;
 use crate::rules::{Limit, OverLimit, Rule};
-use crate::store::{Check, CounterKey};
+use super::RequestBounds;
+use crate::algorithm::HoldOp;
+use crate::store::{Check, CounterKey, HoldCheck};
 
 impl Limiter {
     /// Resolves every descriptor to its limits (or none) and builds the
@@ -43,7 +45,7 @@ impl Limiter {
                     (request, d),
                     (None, limit, false, None),
                     crate::store::scope_tag(request.domain, None),
-                    (&[], None),
+                    (&[], None, None),
                     hits_default,
                     (planned, checks),
                 );
@@ -55,7 +57,13 @@ impl Limiter {
                 }
                 continue;
             };
+            let hold = if matched.hold {
+                Some(held_entry(d, descriptor, matched.rules, &self.options.bounds)?)
+            } else {
+                None
+            };
             for rule in matched.rules {
+                let hold = hold.and_then(|(key, id)| Some((crate::rules::op_for(key, rule)?, id)));
                 let Some(limit) = rule.limit else {
                     // `unlimited: true`: never counted; the reference reports the
                     // most it can as remaining.
@@ -68,7 +76,7 @@ impl Limiter {
                     (request, d),
                     (Some(rule.clone()), limit, rule.shadow_mode, stats),
                     rules.scope(rule),
-                    (&matched.shared, matched.lane),
+                    (&matched.shared, matched.lane, hold),
                     hits_default,
                     (planned, checks),
                 );
@@ -98,28 +106,39 @@ impl Limiter {
         (request, d): (&Request<'_>, usize),
         (rule, limit, shadow, stats): (Option<Arc<Rule>>, Limit, bool, Option<Arc<LimitStats>>),
         scope: u64,
-        (shared, lane): (&[(usize, &str)], Option<u8>),
+        (shared, lane, hold): (&[(usize, &str)], Option<u8>, Option<(HoldOp, &str)>),
         hits_default: u64,
         (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
     ) {
         let descriptor = &request.descriptors[d];
         // A lane counts in its node's counter, within its share of the limit.
-        let (limit, counted) = match lane {
-            Some(share) => (limit.in_lane(share), descriptor.entries.len() - 1),
-            None => (limit, descriptor.entries.len()),
+        // So does a request ID: its entry is not part of the key.
+        let (limit, counted) = match (lane, hold) {
+            (Some(share), _) => (limit.in_lane(share), descriptor.entries.len() - 1),
+            (None, Some(_)) => (limit, descriptor.entries.len() - 1),
+            (None, None) => (limit, descriptor.entries.len()),
         };
-        let mut key = CounterKey::with_period(
-            request.domain,
-            limit.algorithm,
-            limit.unit,
-            limit.unit_multiplier,
-            limit.calendar.map(|z| z.key()),
-        );
+        let mut key = match hold {
+            Some((HoldOp::Take | HoldOp::Release, _)) => {
+                CounterKey::in_flight(request.domain, limit.unit_multiplier)
+            }
+            _ => CounterKey::with_period(
+                request.domain,
+                limit.algorithm,
+                limit.unit,
+                limit.unit_multiplier,
+                limit.calendar.map(|z| z.key()),
+            ),
+        };
         for (i, (k, v)) in descriptor.entries[..counted].iter().enumerate() {
             let value = shared.iter().find(|s| s.0 == i).map_or(*v, |s| s.1);
             key.entry(k, value);
         }
-        let hits = descriptor.hits_addend.unwrap_or(hits_default);
+        let hits = match hold {
+            // A slot is one, whatever the descriptor's hits say.
+            Some((HoldOp::Take | HoldOp::Release, _)) => 1,
+            _ => descriptor.hits_addend.unwrap_or(hits_default),
+        };
         // Global shadow mode makes every limit a shadow: reported, counted,
         // never enforced. A soft limit is never enforced either: it is
         // counted as shadow mode is, and tags instead of refusing.
@@ -131,8 +150,18 @@ impl Limiter {
         check.quota_mode = self.options.quota_mode || rule.as_ref().is_some_and(|r| r.quota_mode);
         // A lane decides against the counter itself: a lease held for the
         // whole limit would let it pass its share.
-        check.lease = if lane.is_some() { 0 } else { limit.lease };
+        check.lease = if lane.is_some() || hold.is_some() {
+            0
+        } else {
+            limit.lease
+        };
         check.scope = scope;
+        check.hold = hold.map(|(op, id)| {
+            Box::new(HoldCheck {
+                op,
+                id: id.as_bytes().into(),
+            })
+        });
         checks.push(check);
         planned.push(Planned {
             descriptor: d,
@@ -143,6 +172,41 @@ impl Limiter {
             stats,
         });
     }
+}
+
+/// A descriptor's last entry when it holds, frees or settles a request ID
+/// (its key and the ID), or why it cannot.
+fn held_entry<'r>(
+    d: usize,
+    descriptor: &super::Descriptor<'r>,
+    rules: &[Arc<Rule>],
+    bounds: &RequestBounds,
+) -> Result<(&'r str, &'r str), LimitError> {
+    let invalid = |m: String| Err(LimitError::InvalidArgument(m));
+    let Some(&(key, id)) = descriptor.entries.last() else {
+        return invalid(format!("descriptor {d} has no entries"));
+    };
+    if rules.is_empty() {
+        let wanted = match key {
+            "release" => "no in_flight cap",
+            "settle" => "no budget with reserve: true",
+            _ => "neither an in_flight cap nor a budget with reserve: true",
+        };
+        return invalid(format!(
+            "descriptor {d} ends in '{key}', and the descriptor before it has {wanted} to hold request IDs"
+        ));
+    }
+    if id.is_empty() {
+        return invalid(format!("descriptor {d} has an empty '{key}'"));
+    }
+    if id.len() > bounds.request_id_bytes {
+        return invalid(format!(
+            "descriptor {d}'s '{key}' is {} bytes, above the bound of {} (--max-request-id-bytes)",
+            id.len(),
+            bounds.request_id_bytes
+        ));
+    }
+    Ok((key, id))
 }
 
 /// A request resolved to limits, ready for the store.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use serde_saphyr::Spanned;
 
-use super::file::{RawDescriptor, RawFile, RawRateLimit, at, parse};
+use super::file::{RawDescriptor, RawFile, RawInFlight, RawLanes, RawRateLimit, at, parse};
 use super::glob::Glob;
-use super::matcher::{KeyRules, Lanes, Level, Node};
+use super::matcher::{KeyRules, Level, Node};
 use super::{LoadOptions, Rule, RuleError, RuleErrors, RuleSet, Source};
 
 /// Why two limits of one descriptor cannot both exist, if they cannot: the
@@ -166,6 +166,7 @@ impl Compiler {
             }
             let mut raw = raw;
             let lanes = raw.lanes.take();
+            let in_flight = raw.in_flight.take();
             let rate_limit = raw.rate_limit.take();
             let rate_limits = raw.rate_limits.take();
             let children = match raw.descriptors.take() {
@@ -246,11 +247,16 @@ impl Compiler {
                 children: Level::default(),
                 shared_pattern: share.then(|| value.clone().unwrap_or_default().into()),
                 lanes: None,
+                held: smallvec::SmallVec::new(),
             };
             self.add_descriptors(file, domain, (&path, &levels), &mut node.children, children);
-            if let Some(lanes) = lanes {
-                node.lanes = self.lanes(file, (&path, &key), *lanes, &node);
-            }
+            self.shapes(
+                (file, domain),
+                (&path, &key, &levels),
+                (lanes, in_flight),
+                &raw,
+                (&mut node, pos),
+            );
 
             let rules: &mut KeyRules = level.keys.entry(Box::from(key.as_str())).or_default();
             let duplicate = match (&value, glob) {
@@ -284,87 +290,43 @@ impl Compiler {
         }
     }
 
-    /// A descriptor's `lanes`, checked against the node they share: its
-    /// counted limits, its key and its children's keys. Not inlined: rule
-    /// files nest, and this frame stays off the recursion's.
+    /// A node's lanes and in-flight cap, and its held IDs' rules (see
+    /// `held`). Not inlined: rule files nest, and this frame stays off the
+    /// recursion's.
     #[inline(never)]
-    fn lanes(
+    fn shapes(
         &mut self,
-        file: &Arc<PathBuf>,
-        (path, key): (&str, &str),
-        raw: Spanned<super::file::RawLanes>,
-        node: &Node,
-    ) -> Option<Lanes> {
-        let pos = at(&raw.referenced);
-        let before = self.errors.len();
-        let mut err = |pos: Option<(u32, u32)>, msg: String| {
-            self.errors.push(RuleError::new(file, pos, msg));
+        (file, domain): (&Arc<PathBuf>, &Arc<str>),
+        (path, key, levels): (&str, &str, &[String]),
+        (lanes, in_flight): (Option<Box<Spanned<RawLanes>>>, Option<Box<Spanned<RawInFlight>>>),
+        raw: &RawDescriptor,
+        (node, pos): (&mut Node, Option<(u32, u32)>),
+    ) {
+        let mut err = |at: Option<(u32, u32)>, msg: String| {
+            self.errors.push(RuleError::new(file, at, msg));
         };
-        if !node.rules.iter().any(|r| r.limit.is_some()) {
-            err(
-                pos,
-                format!("lanes on '{path}' share its limit, and it has none (give it rate_limit)"),
-            );
+        if let Some(lanes) = lanes {
+            node.lanes = super::lanes::compile((path, key), *lanes, node, &mut err);
         }
-        let lane_key = match raw.value.key.map(|k| k.0) {
-            Some(k) if !k.is_empty() => crate::wire_text::of_rule(&k).into_owned(),
-            _ => {
-                err(
-                    pos,
-                    format!("lanes on '{path}' need a key (`key:`, the entry that names the lane)"),
-                );
-                String::new()
-            }
-        };
-        if lane_key == key {
-            err(
-                pos,
-                format!(
-                    "the lane key of '{path}' is its own key '{key}'; name the lane with another entry"
-                ),
-            );
+        let cap = in_flight.and_then(|f| {
+            let limit = super::held::in_flight(&f, path, pos, &self.options, &mut err)?;
+            Some(super::held::in_flight_rule(&f, limit, raw, (file, domain), (path, levels), pos))
+        });
+        super::held::check_node((path, key), node, cap.is_some(), pos, &mut err);
+        if let Some(rule) = cap {
+            let rule = Arc::new(Rule {
+                index: self.rules.len(),
+                ..rule
+            });
+            self.rules.push(rule.clone());
+            node.held.push(rule);
         }
-        if node.children.keys.contains_key(lane_key.as_str()) {
-            err(
-                pos,
-                format!(
-                    "the lane key '{lane_key}' of '{path}' is also a child descriptor's key: a request could mean either"
-                ),
-            );
-        }
-        let shares = raw.value.shares.unwrap_or_default();
-        if shares.is_empty() {
-            err(
-                pos,
-                format!("lanes on '{path}' need shares (`shares: {{LANE: PERCENT}}`)"),
-            );
-        }
-        let mut out = hashbrown::HashMap::with_capacity(shares.len());
-        for (lane, share) in shares {
-            let share_pos = at(&share.referenced).or(pos);
-            if lane.is_empty() {
-                err(share_pos, format!("a lane of '{path}' has an empty name"));
-            }
-            match u8::try_from(share.value.0) {
-                Ok(percent @ 1..=100) => {
-                    out.insert(
-                        crate::wire_text::of_rule(&lane).into_owned().into(),
-                        percent,
-                    );
-                }
-                _ => err(
-                    share_pos,
-                    format!(
-                        "lane '{lane}' of '{path}' has a share of {}%; a share is 1 to 100",
-                        share.value.0
-                    ),
-                ),
-            }
-        }
-        (self.errors.len() == before).then(|| Lanes {
-            key: lane_key.into(),
-            shares: out,
-        })
+        let reserved = node
+            .rules
+            .iter()
+            .filter(|r| r.limit.is_some_and(|l| l.held.is_some()))
+            .cloned();
+        node.held.extend(reserved.collect::<Vec<_>>());
     }
 
     fn compile_rule(

@@ -38,6 +38,8 @@ pub(crate) struct RawDescriptor {
     pub(crate) quota_mode: Option<bool>,
     // Tollgate's: priority lanes sharing the descriptor's counter.
     pub(crate) lanes: Option<Box<Spanned<RawLanes>>>,
+    // Tollgate's: a cap on requests in progress, held by request ID.
+    pub(crate) in_flight: Option<Box<Spanned<RawInFlight>>>,
     // Free-form in the reference; accepted and not interpreted.
     #[allow(dead_code)]
     pub(crate) metadata: Option<IgnoredAny>,
@@ -72,6 +74,16 @@ pub(crate) struct RawRateLimit {
     pub(crate) budget: Option<Spanned<bool>>,
     pub(crate) consistency: Option<Spanned<Text>>,
     pub(crate) lease: Option<Spanned<Count>>,
+    pub(crate) reserve: Option<Spanned<bool>>,
+}
+
+/// `in_flight: {limit: N, max_hold_seconds: S}` on a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawInFlight {
+    pub(crate) limit: Option<Spanned<Count>>,
+    pub(crate) max_hold_seconds: Option<Spanned<Count>>,
+    pub(crate) name: Option<Text>,
 }
 
 /// `lanes: {key: K, shares: {LANE: PERCENT, ...}}` on a descriptor.

@@ -72,10 +72,17 @@ pub(super) fn compile(
     // algorithm. Calendar quotas stay fixed windows; a window has no burst.
     // A log's bound and exactness: a limit a sliding log cannot hold
     // (above --max-sliding-log, or leased) keeps its own algorithm too.
+    // A reserved budget keeps its fixed window: reservations are refunded
+    // to the window they were charged to.
     let log_fits = rpu <= options.max_sliding_log && lease == 0;
+    let reserve = rl.reserve.as_ref().is_some_and(|r| r.value);
+    if reserve && !super::held::reserve_fits(rl, path, (algorithm, zone.is_some()), pos, err) {
+        return None;
+    }
     let (algorithm, burst) = match options.algorithm_override {
         Some(other)
             if zone.is_none()
+                && !reserve
                 && other != algorithm
                 && (other != Algorithm::SlidingLog || log_fits) =>
         {
@@ -100,6 +107,7 @@ pub(super) fn compile(
         failure_mode,
         budget: rl.budget.as_ref().is_some_and(|b| b.value),
         lease,
+        held: reserve.then_some(super::HeldKind::Reserve),
     };
     // A log keeps an entry per admitted request: millions an hour do not
     // belong in one.
@@ -176,6 +184,7 @@ fn refuse_with_unlimited(
             rl.consistency.as_ref().map(|s| &s.referenced),
         ),
         ("lease", rl.lease.as_ref().map(|s| &s.referenced)),
+        ("reserve", rl.reserve.as_ref().map(|s| &s.referenced)),
     ] {
         if let Some(p) = p {
             err(

@@ -53,6 +53,27 @@ pub(crate) struct Node {
     pub(crate) shared_pattern: Option<Box<str>>,
     /// `lanes`: a last entry of this key names the lane a request counts in.
     pub(crate) lanes: Option<Lanes>,
+    /// The rules on which calls hold request IDs: the in-flight cap first
+    /// (when there is one), then the budgets with `reserve: true` (also in
+    /// `rules`). See `held`.
+    pub(crate) held: SmallVec<[Arc<Rule>; 1]>,
+}
+
+impl Node {
+    /// The rules a last entry `key` (one of `held::HOLD_KEYS`) concerns:
+    /// `request_id` every held rule, `release` the in-flight cap, `settle`
+    /// the reserved budgets.
+    fn held_for(&self, key: &str) -> &[Arc<Rule>] {
+        let capped = self
+            .held
+            .first()
+            .is_some_and(|r| r.limit.is_some_and(|l| l.held == Some(super::HeldKind::InFlight)));
+        match key {
+            "release" => &self.held[..usize::from(capped)],
+            "settle" => &self.held[usize::from(capped)..],
+            _ => &self.held,
+        }
+    }
 }
 
 /// Priority lanes on one descriptor: a request whose descriptor is the
@@ -79,7 +100,8 @@ impl Lanes {
 /// (`share_threshold`).
 #[derive(Debug)]
 pub struct Matched<'a> {
-    /// The rules, never empty: all of them must admit a request.
+    /// The rules, empty only for a `hold` the node has no rule for: all of
+    /// them must admit a request.
     pub rules: &'a [Arc<Rule>],
     /// `(entry index, pattern)` for shared wildcard entries; usually empty.
     pub shared: SmallVec<[(usize, &'a str); 1]>,
@@ -87,6 +109,11 @@ pub struct Matched<'a> {
     /// the lane's share of the limit, in percent. That entry is not part of
     /// the counter's key: every lane counts in the node's one counter.
     pub lane: Option<u8>,
+    /// The descriptor's last entry holds, frees or settles a request ID
+    /// (`request_id`, `release`, `settle`): it is not part of the counter's
+    /// key, and `rules` are the node's held rules it concerns, empty when
+    /// the node has none (a per-request error).
+    pub hold: bool,
 }
 
 impl RuleSet {
@@ -104,6 +131,21 @@ impl RuleSet {
                     rules: &node.rules,
                     shared,
                     lane: None,
+                    hold: false,
+                });
+            }
+            // A request ID, last: the node's held rules decide it (rules
+            // refuse a child with a hold key under a node that holds).
+            let last = entries[i + 1].0;
+            if i + 2 == entries.len()
+                && super::held::HOLD_KEYS.contains(&last)
+                && !node.children.keys.contains_key(last)
+            {
+                return Some(Matched {
+                    rules: node.held_for(last),
+                    shared,
+                    lane: None,
+                    hold: true,
                 });
             }
             // The lane's entry, last: no child has its key (rules refuse it).
@@ -115,6 +157,7 @@ impl RuleSet {
                     rules: &node.rules,
                     shared,
                     lane: Some(lanes.share(entries[i + 1].1)),
+                    hold: false,
                 });
             }
             if node.children.keys.is_empty() {
@@ -232,6 +275,7 @@ impl RuleSet {
         Some((
             Matched {
                 lane: None,
+                hold: false,
                 rules: &node.rules,
                 shared: walk.shared,
             },

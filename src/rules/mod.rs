@@ -7,6 +7,8 @@ mod compile;
 mod error;
 mod file;
 mod glob;
+mod held;
+mod lanes;
 mod limit;
 mod load;
 mod matcher;
@@ -25,11 +27,14 @@ use crate::clock::NANOS_PER_SEC;
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
 pub use load::{
-    DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG, LoadOptions,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG,
+    LoadOptions,
     load_paths, load_sources, rule_files,
 };
 pub(crate) use matcher::ShapeEntry;
 pub use matcher::{Matched, WalkedEntries};
+pub use held::MAX_HOLD_SECONDS;
+pub(crate) use held::op_for;
 pub use over_limit::OverLimit;
 
 /// What to answer for a limit when its store cannot decide.
@@ -89,6 +94,20 @@ pub struct Limit {
     /// store at a time and spends locally; 0 for exact (every hit asks the
     /// store).
     pub lease: u32,
+    /// Whether calls hold IDs on it: an in-flight cap (`in_flight`), or a
+    /// budget with `reserve: true`.
+    pub held: Option<HeldKind>,
+}
+
+/// A limit on which calls hold request IDs (see [`crate::algorithm::Held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldKind {
+    /// `in_flight`: at most `requests_per_unit` requests in progress, each
+    /// slot held at most `unit_multiplier` seconds.
+    InFlight,
+    /// `reserve: true` on a budget: a request reserves its hits, its
+    /// stream end settles them.
+    Reserve,
 }
 
 impl Limit {
@@ -104,6 +123,7 @@ impl Limit {
             failure_mode: None,
             budget: false,
             lease: 0,
+            held: None,
         }
     }
 

@@ -15,6 +15,7 @@ mod reference;
 mod rlqs;
 mod rule_load;
 mod serve;
+mod simulate;
 mod stats;
 mod top;
 mod unknown;
@@ -29,6 +30,7 @@ pub(crate) use redis_url::RedisUrl;
 pub(crate) use rlqs::RlqsArgs;
 pub(crate) use rule_load::RuleLoadArgs;
 pub(crate) use serve::StoreOptions;
+pub(crate) use simulate::SimulateArgs;
 pub(crate) use stats::StatsArgs;
 pub(crate) use top::TopArgs;
 pub(crate) use unknown::unknown_env;
@@ -65,69 +67,6 @@ pub(crate) enum Command {
     /// Who is being limited, in the terminal: a running Tollgate's
     /// /limited, refreshed (Ctrl-C to quit).
     Top(TopArgs),
-}
-
-/// `tollgate simulate`.
-#[derive(Debug, Args, Clone)]
-pub(crate) struct SimulateArgs {
-    /// Rule file or directory; repeat to compare rule sets side by side.
-    #[arg(long = "rules", required = true)]
-    pub rules: Vec<PathBuf>,
-    /// Traffic: JSON lines (a RateLimitRequest as `POST /json` takes it,
-    /// plus `timestamp`), or Envoy access logs with --envoy-config; repeatable.
-    #[arg(long = "traffic")]
-    pub traffic: Vec<PathBuf>,
-    /// The Envoy configuration whose rate limit filter, routes and access
-    /// log format turn access log lines into descriptors.
-    #[arg(long)]
-    pub envoy_config: Option<PathBuf>,
-    /// Generate traffic: `rate=100,seconds=600,clients=100,zipf=1,burstiness=0,domain=api,key=client,seed=1`.
-    #[arg(long)]
-    pub generate: Option<crate::simulate::Generate>,
-    /// Also write the traffic (read and generated) as JSON lines to this file.
-    #[arg(long)]
-    pub save_traffic: Option<PathBuf>,
-    /// Replay under this algorithm instead of each limit's own; repeat to
-    /// compare (calendar quotas stay fixed windows).
-    #[arg(long = "algorithm", value_enum)]
-    pub algorithms: Vec<AlgorithmArg>,
-    /// Write summary.json, series.csv, series.json and report.html here.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Width of the plotted series' bins, e.g. `1s` (default: about 300 points).
-    #[arg(long, value_parser = parse_duration)]
-    pub bin: Option<Duration>,
-    /// How rule files are read.
-    #[command(flatten)]
-    pub rule_load: RuleLoadArgs,
-    /// The most requests held for the run (traffic files, with what is
-    /// generated beside them): about 250 bytes each (so about 1 GB at the
-    /// default). Generated traffic alone is made again for each replay and
-    /// never held, so it is not bounded by this.
-    #[arg(long, default_value_t = 4_000_000, value_parser = at_least_one)]
-    pub max_events: usize,
-    /// The most requests `--generate` may make on its own (streamed, not
-    /// held): a bound on the run's time, each request replayed once per
-    /// scenario (about a million a second in a release build).
-    #[arg(long, default_value_t = 1_000_000_000, value_parser = at_least_one)]
-    pub max_generated: usize,
-}
-
-impl SimulateArgs {
-    /// The simulation these arguments ask for.
-    pub(crate) fn simulation(&self) -> crate::simulate::Simulation {
-        crate::simulate::Simulation {
-            rules: self.rules.clone(),
-            traffic: self.traffic.clone(),
-            envoy_config: self.envoy_config.clone(),
-            generate: self.generate.clone(),
-            algorithms: self.algorithms.iter().map(|a| (*a).into()).collect(),
-            load: self.rule_load.load_options(),
-            bin: self.bin.map(|b| b.as_nanos() as u64),
-            max_events: self.max_events,
-            max_generated: self.max_generated,
-        }
-    }
 }
 
 /// `tollgate serve`.
@@ -191,6 +130,11 @@ pub(crate) struct ServeArgs {
     /// while it runs.
     #[arg(long, env = "TOLLGATE_MAX_CHECKS", default_value_t = 1024, value_parser = at_least_one)]
     pub max_checks: usize,
+
+    /// Longest request ID (`request_id`, `release`, `settle` entries) in
+    /// bytes; an in-flight cap or a reservation holds each ID it admits.
+    #[arg(long, env = "TOLLGATE_MAX_REQUEST_ID_BYTES", default_value_t = 256, value_parser = at_least_one)]
+    pub max_request_id_bytes: usize,
 
     /// Most open gRPC connections (all workers); past it new ones are closed at once.
     #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = at_least_one)]

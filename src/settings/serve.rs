@@ -36,6 +36,7 @@ impl ServeArgs {
                 value_bytes: self.max_value_bytes,
                 request_bytes: self.max_request_bytes,
                 checks: self.max_checks,
+                request_id_bytes: self.max_request_id_bytes,
             },
             max_metric_series: self.max_metric_series,
             max_label_bytes: self.max_label_bytes,

@@ -4,7 +4,7 @@
 //! denied.
 
 use super::CounterKey;
-use crate::algorithm::{Algorithm, Logged, Outcome, Quota, State, append};
+use crate::algorithm::{Algorithm, Held, HoldOp, Logged, Outcome, Quota, State, append};
 use crate::clock::Nanos;
 
 /// What to write back, per check.
@@ -33,6 +33,18 @@ pub struct Check {
     pub outcome: Option<Outcome>,
     /// Whose counter this is, for a bulk reset: see [`scope_tag`].
     pub scope: u64,
+    /// For a limit on which calls hold request IDs (an in-flight cap, a
+    /// reserved budget): what this call does with its ID.
+    pub hold: Option<Box<HoldCheck>>,
+}
+
+/// What one call does with a request ID (see [`crate::algorithm::Held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldCheck {
+    /// Take, release, reserve or settle.
+    pub op: HoldOp,
+    /// The request's ID, as Envoy sent it.
+    pub id: Box<[u8]>,
 }
 
 /// A counter's owner as one number: its domain's hash in the high half, its
@@ -96,13 +108,25 @@ impl Check {
             lease: 0,
             outcome: None,
             scope: 0,
+            hold: None,
         }
     }
 
     /// What admission spends on this counter (the hits, or a budget's
-    /// capped charge).
+    /// capped charge; a reservation's hits, at least one).
     pub fn charge(&self) -> u64 {
-        self.quota.hits(self.hits).charge
+        match self.hold.as_ref().map(|h| h.op) {
+            Some(HoldOp::Reserve) => self.hits.max(1),
+            Some(_) => 0,
+            None => self.quota.hits(self.hits).charge,
+        }
+    }
+
+    /// Whether the call reports what already happened (a release, a
+    /// settlement): always admitted, and applied whatever the request's
+    /// other checks decide.
+    pub fn is_after_the_fact(&self) -> bool {
+        self.hold.as_ref().is_some_and(|h| h.op.is_after_the_fact())
     }
 }
 
@@ -123,18 +147,82 @@ pub fn refused<'a>(checks: impl IntoIterator<Item = &'a Check>) -> bool {
     quota > 0 && quota == quota_denied
 }
 
-/// Decides `checks` from `states` (one per check, as currently stored; a
-/// sliding log's is its entry of `logs`, empty for the others) and fills
-/// their outcomes. Returns, for each check, the state to write (with its
-/// expiry) when the request is admitted, or `None` everywhere when it is
-/// not; a sliding log's state is an append (see [`crate::algorithm::append`]).
-pub fn decide_batch(
+/// What to write back to each check's held IDs (see
+/// [`crate::algorithm::Held`]): the new list and when it lapses.
+pub type HeldCommits = smallvec::SmallVec<[Option<(Vec<Held>, Nanos)>; 4]>;
+
+/// What a store holds for each check: its counter's state, a sliding log's
+/// entries, and the held IDs of a limit that holds them (empty for the
+/// others).
+#[derive(Clone, Copy)]
+pub struct Stored<'a> {
+    /// Each check's counter state.
+    pub states: &'a [State],
+    /// Each check's sliding log (empty for the other algorithms).
+    pub logs: &'a [&'a [Logged]],
+    /// Each check's held IDs (empty for limits without them).
+    pub held: &'a [&'a [Held]],
+}
+
+/// Decides `checks` from what is `stored` and fills their outcomes.
+/// Returns, for each check, the state to write (with its expiry) when the
+/// request is admitted, or `None` everywhere when it is not; a sliding
+/// log's state is an append (see [`crate::algorithm::append`]); and the
+/// held IDs to write. Releases and settlements are applied (and written)
+/// whatever the others decide.
+pub fn decide_batch(checks: &mut [Check], stored: Stored<'_>, now: Nanos) -> (Commits, HeldCommits) {
+    let (pending, held) = decide_in_order(checks, stored, now, |_| true);
+    if !refused(checks.iter()) {
+        return (pending, held);
+    }
+    // Nothing is spent: report what is left without this request's hits.
+    let Stored { states, logs, .. } = stored;
+    let log_of = |i: usize| logs.get(i).copied().unwrap_or(&[]);
+    for (i, (check, state)) in checks.iter_mut().zip(states).enumerate() {
+        if check.hold.is_some() {
+            continue;
+        }
+        if let Some(outcome) = check.outcome.as_mut().filter(|o| o.allowed) {
+            let unspent = match check.algorithm {
+                Algorithm::SlidingLog => Algorithm::decide_log(log_of(i), &check.quota, now, 0),
+                algorithm => algorithm.decide(*state, &check.quota, now, 0),
+            };
+            outcome.remaining = unspent.remaining;
+            outcome.commit = None;
+        }
+    }
+    // What already happened is applied alone, in order.
+    if !checks.iter().any(Check::is_after_the_fact) {
+        return (
+            smallvec::smallvec![None; checks.len()],
+            smallvec::smallvec![None; checks.len()],
+        );
+    }
+    let mut alone: smallvec::SmallVec<[Check; 4]> = checks.iter().cloned().collect();
+    let (pending, held) = decide_in_order(&mut alone, stored, now, Check::is_after_the_fact);
+    for (check, decided) in checks.iter_mut().zip(alone) {
+        if check.is_after_the_fact() {
+            check.outcome = decided.outcome;
+        } else if check.hold.is_some() {
+            if let Some(o) = check.outcome.as_mut() {
+                o.commit = None;
+            }
+        }
+    }
+    (pending, held)
+}
+
+/// Decides the checks `which` selects in order (the others change nothing
+/// and commit nothing), each seeing what the earlier ones of the request
+/// would write.
+fn decide_in_order(
     checks: &mut [Check],
-    states: &[State],
-    logs: &[&[Logged]],
+    Stored { states, logs, held }: Stored<'_>,
     now: Nanos,
-) -> Commits {
+    which: impl Fn(&Check) -> bool,
+) -> (Commits, HeldCommits) {
     let mut pending: Commits = smallvec::smallvec![None; checks.len()];
+    let mut held_pending: HeldCommits = smallvec::smallvec![None; checks.len()];
     // The counter's state after each check: what it committed, or what it
     // saw when it changed nothing (a denial, a check of zero hits).
     let mut after: smallvec::SmallVec<[State; 4]> = smallvec::SmallVec::with_capacity(checks.len());
@@ -144,12 +232,41 @@ pub fn decide_batch(
         // An earlier check of the same counter in this request sees through,
         // as the Redis script reads its own pending writes.
         let state = earlier[i].map_or(states[i], |j| after[j]);
+        if !which(&checks[i]) {
+            after.push(state);
+            continue;
+        }
         let check = &checks[i];
-        let outcome = match (check.algorithm, earlier[i]) {
-            (Algorithm::SlidingLog, None) => {
+        let outcome = match (&check.hold, check.algorithm, earlier[i]) {
+            (Some(hold), _, _) => {
+                // The held IDs as this request's earlier calls left them.
+                let mut seen: &[Held] = held.get(i).copied().unwrap_or(&[]);
+                if let Some(list) = (0..i)
+                    .rev()
+                    .filter(|&j| checks[j].key == check.key)
+                    .find_map(|j| held_pending[j].as_ref())
+                {
+                    seen = &list.0;
+                }
+                let decided = match hold.op {
+                    HoldOp::Take | HoldOp::Release => crate::algorithm::in_flight(
+                        seen,
+                        hold.op,
+                        &hold.id,
+                        (check.quota.limit, check.quota.period),
+                        now,
+                    ),
+                    HoldOp::Reserve | HoldOp::Settle => crate::algorithm::reserve(
+                        state, seen, hold.op, &hold.id, &check.quota, now, check.hits,
+                    ),
+                };
+                held_pending[i] = decided.held;
+                decided.outcome
+            }
+            (None, Algorithm::SlidingLog, None) => {
                 Algorithm::decide_log(log_of(i), &check.quota, now, check.hits)
             }
-            (Algorithm::SlidingLog, Some(_)) => {
+            (None, Algorithm::SlidingLog, Some(_)) => {
                 // The log with what this request's earlier checks of it add.
                 let mut log = log_of(i).to_vec();
                 for j in 0..i {
@@ -159,27 +276,13 @@ pub fn decide_batch(
                 }
                 Algorithm::decide_log(&log, &check.quota, now, check.hits)
             }
-            (algorithm, _) => algorithm.decide(state, &check.quota, now, check.hits),
+            (None, algorithm, _) => algorithm.decide(state, &check.quota, now, check.hits),
         };
         pending[i] = outcome.commit;
         after.push(outcome.commit.map_or(state, |(s, _)| s));
         checks[i].outcome = Some(outcome);
     }
-    if refused(checks.iter()) {
-        // Nothing is spent: report what is left without this request's hits.
-        for (i, (check, state)) in checks.iter_mut().zip(states).enumerate() {
-            if let Some(outcome) = check.outcome.as_mut().filter(|o| o.allowed) {
-                let unspent = match check.algorithm {
-                    Algorithm::SlidingLog => Algorithm::decide_log(log_of(i), &check.quota, now, 0),
-                    algorithm => algorithm.decide(*state, &check.quota, now, 0),
-                };
-                outcome.remaining = unspent.remaining;
-                outcome.commit = None;
-            }
-        }
-        pending.iter_mut().for_each(|p| *p = None);
-    }
-    pending
+    (pending, held_pending)
 }
 
 /// For each check, the closest earlier check of the same counter. Linear in

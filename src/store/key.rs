@@ -52,6 +52,16 @@ impl CounterKey {
         key
     }
 
+    /// Starts the key of an in-flight cap in `domain` whose slots are held
+    /// `hold_seconds` at most: never the key of a counter.
+    pub fn in_flight(domain: &str, hold_seconds: u32) -> Self {
+        let mut key = Self::with_period(domain, Algorithm::FixedWindow, Unit::Second, hold_seconds, None);
+        if let Some(a) = key.bytes.get_mut(4 + domain.len()) {
+            *a |= IN_FLIGHT;
+        }
+        key
+    }
+
     /// Appends one descriptor entry.
     pub fn entry(&mut self, key: &str, value: &str) {
         self.push(key.as_bytes());
@@ -78,10 +88,10 @@ impl CounterKey {
                 rest = tail;
                 (
                     Algorithm::ALL
-                        .get(usize::from(*a & !(EVERY | ZONE)))
+                        .get(usize::from(*a & !(EVERY | ZONE | IN_FLIGHT)))
                         .copied(),
                     Unit::ALL.get(usize::from(*u)).copied(),
-                    *a & (EVERY | ZONE),
+                    *a & (EVERY | ZONE | IN_FLIGHT),
                 )
             }
             _ => (None, None, 0),
@@ -103,6 +113,7 @@ impl CounterKey {
             entries.push((k, v));
         }
         KeyParts {
+            in_flight: flags & IN_FLIGHT != 0,
             domain,
             algorithm: algorithm.unwrap_or(Algorithm::SlidingWindow),
             unit: unit.unwrap_or(Unit::Second),
@@ -117,6 +128,8 @@ impl CounterKey {
 const EVERY: u8 = 0x40;
 /// Flags on the algorithm byte: a calendar zone (a field) follows.
 const ZONE: u8 = 0x80;
+/// Flags on the algorithm byte: an in-flight cap's held IDs, not a counter.
+const IN_FLIGHT: u8 = 0x20;
 
 /// Reads one length-prefixed field off the front of `rest`. The fields were
 /// written from `&str`s, so they are always UTF-8.
@@ -144,6 +157,9 @@ pub struct KeyParts<'a> {
     pub zone: Option<&'a str>,
     /// The descriptor entries (with shared wildcard values already substituted).
     pub entries: SmallVec<[(&'a str, &'a str); 4]>,
+    /// An in-flight cap's held IDs (see [`CounterKey::in_flight`]), whose
+    /// `every` is the longest hold in seconds.
+    pub in_flight: bool,
 }
 
 #[cfg(test)]
@@ -174,5 +190,16 @@ mod tests {
             CounterKey::new("api", Algorithm::FixedWindow, Unit::Minute)
         );
         assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
+        assert!(!parts.in_flight);
+        let mut cap = CounterKey::in_flight("api", 600);
+        cap.entry("user", "ann");
+        let mut counter =
+            CounterKey::with_period("api", Algorithm::FixedWindow, Unit::Second, 600, None);
+        counter.entry("user", "ann");
+        assert_ne!(cap, counter, "a cap's key is never a counter's");
+        let parts = cap.parts();
+        assert!(parts.in_flight);
+        assert_eq!((parts.algorithm, parts.every), (Algorithm::FixedWindow, 600));
+        assert_eq!(parts.entries.as_slice(), &[("user", "ann")]);
     }
 }

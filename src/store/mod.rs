@@ -7,7 +7,9 @@ mod key;
 pub mod memory;
 pub mod redis;
 
-pub use batch::{Check, Commits, ScopeTag, decide_batch, refused, scope_tag};
+pub use batch::{
+    Check, Commits, HeldCommits, HoldCheck, ScopeTag, Stored, decide_batch, refused, scope_tag,
+};
 pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{QuotaExchange, QuotaTotals};

@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
-use super::{Check, CounterKey, ScopeTag, StoreError, decide_batch};
-use crate::algorithm::{Algorithm, Logged, State, append};
+use super::{Check, CounterKey, HeldCommits, ScopeTag, StoreError, Stored, decide_batch};
+use crate::algorithm::{Algorithm, Held, Logged, State, append};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 
 /// How the memory store is sized.
@@ -70,6 +70,15 @@ struct Slot {
     scope: u64,
 }
 
+/// A key's held request IDs (an in-flight cap's, a reserved budget's), and
+/// whose they are.
+#[derive(Debug)]
+struct HeldSlot {
+    held: Vec<Held>,
+    expires: u32,
+    scope: u64,
+}
+
 /// A sliding log's entries (oldest first), and whose they are.
 #[derive(Debug)]
 struct LogSlot {
@@ -86,12 +95,15 @@ struct Shard {
     /// Sliding logs, by their keys' bytes: a log is many entries, not a
     /// 16-byte state, and the algorithm is for small limits.
     logs: HashMap<Box<[u8]>, LogSlot>,
+    /// Held request IDs, by their keys' bytes (a reserved budget's beside
+    /// its counter, under the same key).
+    held: HashMap<Box<[u8]>, HeldSlot>,
 }
 
 impl Shard {
-    /// Keys held: counters and logs.
+    /// Keys held: counters, logs and lists of held IDs.
     fn len(&self) -> usize {
-        self.table.len() + self.overflow.len() + self.logs.len()
+        self.table.len() + self.overflow.len() + self.logs.len() + self.held.len()
     }
 }
 
@@ -157,8 +169,13 @@ impl MemoryStore {
         let mut places: SmallVec<[Place; 4]> = SmallVec::new();
         let mut states: SmallVec<[State; 4]> = SmallVec::new();
         let mut logs: SmallVec<[&[Logged]; 4]> = SmallVec::new();
+        let mut held: SmallVec<[&[Held]; 4]> = SmallVec::new();
         for (check, &(shard, hash, tag)) in checks.iter().zip(&located) {
             let guard = &guards[shard_of(shard)].1;
+            held.push(match check.hold {
+                Some(_) => guard.held.get(check.key.as_bytes()).map_or(&[], |h| &h.held),
+                None => &[],
+            });
             if check.algorithm == Algorithm::SlidingLog {
                 places.push(Place::Log);
                 states.push(State::default());
@@ -170,8 +187,13 @@ impl MemoryStore {
             states.push(state);
             logs.push(&[]);
         }
-        let commits = decide_batch(checks, &states, &logs, now);
-        drop(logs);
+        let stored = Stored {
+            states: &states,
+            logs: &logs,
+            held: &held,
+        };
+        let (commits, held_commits) = decide_batch(checks, stored, now);
+        drop((logs, held));
         let now_secs = (now / NANOS_PER_SEC) as u32;
         // Room for every new key is made (or found missing) before anything
         // is written: a request the store cannot hold whole spends nothing.
@@ -197,7 +219,14 @@ impl MemoryStore {
                     _ => {}
                 }
             }
-            hashes.len() + logs.len()
+            let lists = held_commits
+                .iter()
+                .zip(checks.iter().zip(&located))
+                .filter(|(c, (check, l))| {
+                    c.is_some() && l.0 == shard && !guard.held.contains_key(check.key.as_bytes())
+                })
+                .count();
+            hashes.len() + logs.len() + lists
         };
         for (shard, guard) in guards.iter_mut() {
             // Cheap bound first: the hot path never counts.
@@ -212,6 +241,7 @@ impl MemoryStore {
                 }
             }
         }
+        write_held(&mut guards, &shard_of, checks, &located, held_commits);
         for ((commit, place), (check, &(shard, _, _))) in commits
             .into_iter()
             .zip(&places)
@@ -234,6 +264,7 @@ impl MemoryStore {
         for key in keys {
             let (shard, hash, tag) = self.locate(key);
             let mut shard = self.shards[shard].lock();
+            let lists = usize::from(shard.held.remove(key.as_bytes()).is_some());
             if shard.overflow.remove(key.as_bytes()).is_some()
                 || shard.logs.remove(key.as_bytes()).is_some()
             {
@@ -246,6 +277,8 @@ impl MemoryStore {
             {
                 entry.remove();
                 removed += 1;
+            } else {
+                removed += lists;
             }
         }
         removed
@@ -263,6 +296,7 @@ impl MemoryStore {
             shard.table.retain(|e| !scope.holds(e.scope));
             shard.overflow.retain(|_, s| !scope.holds(s.scope));
             shard.logs.retain(|_, s| !scope.holds(s.scope));
+            shard.held.retain(|_, s| !scope.holds(s.scope));
             removed += before - shard.len();
         }
         removed
@@ -351,7 +385,38 @@ fn sweep_shard(shard: &mut Shard, now_secs: u32) -> usize {
     shard.table.retain(|e| e.expires > now_secs);
     shard.overflow.retain(|_, s| s.expires > now_secs);
     shard.logs.retain(|_, s| s.expires > now_secs);
+    shard.held.retain(|_, s| s.expires > now_secs);
     before - shard.len()
+}
+
+/// Writes the held IDs each check's call left (an empty list deletes the
+/// key's); room for new keys was made beforehand.
+fn write_held(
+    guards: &mut [(usize, MutexGuard<'_, Shard>)],
+    shard_of: &dyn Fn(usize) -> usize,
+    checks: &[Check],
+    located: &[(usize, u64, u32)],
+    commits: HeldCommits,
+) {
+    for ((commit, check), &(shard, _, _)) in commits.into_iter().zip(checks).zip(located) {
+        let Some((held, lapses)) = commit else {
+            continue;
+        };
+        let guard = &mut guards[shard_of(shard)].1;
+        if held.is_empty() {
+            guard.held.remove(check.key.as_bytes());
+            continue;
+        }
+        let expires = u32::try_from(lapses.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
+        guard.held.insert(
+            check.key.as_bytes().into(),
+            HeldSlot {
+                held,
+                expires,
+                scope: check.scope,
+            },
+        );
+    }
 }
 
 /// Adds an admitted request to its sliding log (`added`: when and how many

@@ -1,0 +1,244 @@
+//! Held IDs: in-flight caps and reserved budgets, as pure functions of
+//! `(held, state, quota, now, id, hits)`.
+//!
+//! A key's held IDs are a short list (see [`Held`]): an in-flight cap's
+//! requests in progress, a budget's reservations not yet settled. Each
+//! entry names its request (Envoy's `x-request-id`), so the stream-end call
+//! frees or settles that request's own hold and nobody else's: a refused
+//! request's stream-end call, a second release, or an ID never admitted
+//! changes nothing. Every entry lapses by itself (`until`): an in-flight
+//! slot after the rule's `max_hold_seconds`, a reservation when the window
+//! it was charged to ends. The list is bounded by the limit: an in-flight
+//! cap holds at most `limit` IDs, and every reservation holds at least one
+//! hit of a budget that admits at most `limit` (see [`reserve`]).
+//!
+//! Times are in ticks (see the module docs of `algorithm`).
+
+use super::quota::{Outcome, Quota, State, clamp_u32};
+use super::{Algorithm, NANOS_PER_TICK};
+use crate::clock::Nanos;
+
+/// One held ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The request's ID, as Envoy sent it.
+    pub id: Box<[u8]>,
+    /// What it holds: 1 for an in-flight slot, the hits reserved otherwise.
+    pub amount: u64,
+    /// When the hold lapses by itself (ticks).
+    pub until: u64,
+}
+
+/// What a call does to a key's held IDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldOp {
+    /// Take an in-flight slot for the ID (`request_id` on `in_flight`).
+    Take,
+    /// Free the ID's slot (`release`); always admitted.
+    Release,
+    /// Reserve the hits for the ID (`request_id` on `reserve: true`).
+    Reserve,
+    /// Replace the ID's reservation by its real cost (`settle`); always
+    /// admitted.
+    Settle,
+}
+
+impl HoldOp {
+    /// Whether the call reports what already happened, so it is always
+    /// admitted and applied, whatever the request's other checks decide.
+    pub fn is_after_the_fact(self) -> bool {
+        matches!(self, HoldOp::Release | HoldOp::Settle)
+    }
+
+    /// The descriptor entry key that asks for this operation.
+    pub fn entry_key(self) -> &'static str {
+        match self {
+            HoldOp::Take | HoldOp::Reserve => "request_id",
+            HoldOp::Release => "release",
+            HoldOp::Settle => "settle",
+        }
+    }
+}
+
+/// The outcome of a call on held IDs: the answer, the counter's new state
+/// (reservations) and the new list, each `None` when unchanged. Times in
+/// nanoseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldOutcome {
+    /// The answer (its `commit` is the counter's, as for every algorithm).
+    pub outcome: Outcome,
+    /// The new list of held IDs and when the whole list lapses (ns), when
+    /// it changed; an empty list deletes it.
+    pub held: Option<(Vec<Held>, Nanos)>,
+}
+
+fn live(held: &[Held], now: u64) -> impl Iterator<Item = &Held> {
+    held.iter().filter(move |h| h.until > now)
+}
+
+fn lapses(held: &[Held]) -> Nanos {
+    held.iter()
+        .map(|h| h.until)
+        .max()
+        .unwrap_or(0)
+        .saturating_mul(NANOS_PER_TICK)
+}
+
+/// An in-flight cap of `limit` slots, each held at most `span` (ns): takes
+/// or releases `id`'s slot at `now` (ns).
+pub fn in_flight(
+    held: &[Held],
+    op: HoldOp,
+    id: &[u8],
+    (limit, span): (u32, Nanos),
+    now: Nanos,
+) -> HeldOutcome {
+    let now_t = now / NANOS_PER_TICK;
+    let mut kept: Vec<Held> = live(held, now_t).cloned().collect();
+    let pruned = kept.len() != held.len();
+    let mine = kept.iter().position(|h| *h.id == *id);
+    let left = |n: usize| clamp_u32(u64::from(limit).saturating_sub(n as u64));
+    if op == HoldOp::Release {
+        if let Some(i) = mine {
+            kept.swap_remove(i);
+        }
+        let changed = mine.is_some() || pruned;
+        return HeldOutcome {
+            outcome: Outcome {
+                allowed: true,
+                remaining: left(kept.len()),
+                wait: 0,
+                commit: None,
+            },
+            held: changed.then(|| {
+                let at = lapses(&kept);
+                (kept, at)
+            }),
+        };
+    }
+    // A second take of a held ID is refused: an ID a client can choose
+    // must not hold one slot for many requests.
+    if mine.is_some() || kept.len() >= limit as usize {
+        let soonest = kept.iter().map(|h| h.until).min().unwrap_or(now_t);
+        return HeldOutcome {
+            outcome: Outcome {
+                allowed: false,
+                remaining: left(kept.len()),
+                wait: soonest
+                    .saturating_sub(now_t)
+                    .saturating_mul(NANOS_PER_TICK),
+                commit: None,
+            },
+            held: None,
+        };
+    }
+    let until = now_t.saturating_add((span / NANOS_PER_TICK).max(1));
+    kept.push(Held {
+        id: id.into(),
+        amount: 1,
+        until,
+    });
+    let at = lapses(&kept);
+    HeldOutcome {
+        outcome: Outcome {
+            allowed: true,
+            remaining: left(kept.len()),
+            wait: span,
+            commit: None,
+        },
+        held: Some((kept, at)),
+    }
+}
+
+/// A reserved budget on a fixed window: reserves `hits` for `id`
+/// ([`HoldOp::Reserve`]: admitted only if they fit in what is left, at
+/// least one hit) or settles `id`'s reservation at the real cost `hits`
+/// ([`HoldOp::Settle`]: the difference refunded or charged; without a
+/// reservation, the whole cost charged as a budget charges it). `quota` is
+/// the budget's.
+pub fn reserve(
+    state: State,
+    held: &[Held],
+    op: HoldOp,
+    id: &[u8],
+    quota: &Quota,
+    now: Nanos,
+    hits: u64,
+) -> HeldOutcome {
+    let window = quota.window_at(now);
+    let now_t = now / NANOS_PER_TICK;
+    let limit = u64::from(quota.limit);
+    // A reservation lapses with the window it was charged to: the counter
+    // it could be refunded from ends there.
+    let mut kept: Vec<Held> = live(held, now_t)
+        .filter(|h| h.until <= window.end)
+        .cloned()
+        .collect();
+    let pruned = kept.len() != held.len();
+    let mine = kept.iter().position(|h| *h.id == *id);
+    let used = if state.at == window.index {
+        u64::from(state.current)
+    } else {
+        0
+    };
+    let wait = (window.end - now_t).saturating_mul(NANOS_PER_TICK);
+    let expires = window.end.saturating_mul(NANOS_PER_TICK);
+    if op == HoldOp::Reserve {
+        let plain = Quota {
+            budget: false,
+            ..*quota
+        };
+        let amount = hits.max(1);
+        let mut outcome = Algorithm::FixedWindow.decide(state, &plain, now, amount);
+        if mine.is_some() {
+            // A second reservation for one ID: refused, as a second take.
+            outcome.allowed = false;
+            outcome.commit = None;
+            outcome.remaining = clamp_u32(limit.saturating_sub(used));
+        }
+        if !outcome.allowed {
+            return HeldOutcome {
+                outcome,
+                held: None,
+            };
+        }
+        kept.push(Held {
+            id: id.into(),
+            amount,
+            until: window.end,
+        });
+        let at = lapses(&kept);
+        return HeldOutcome {
+            outcome,
+            held: Some((kept, at)),
+        };
+    }
+    // Settle: the real cost, cut to the whole budget as any budget charge.
+    let cost = hits.min(u64::from(quota.limit.max(quota.burst)));
+    let reserved = mine.map_or(0, |i| kept.swap_remove(i).amount);
+    let after = (used + cost).saturating_sub(reserved);
+    let changed = after != used || state.at != window.index;
+    HeldOutcome {
+        outcome: Outcome {
+            allowed: true,
+            remaining: clamp_u32(limit.saturating_sub(after)),
+            wait,
+            commit: changed.then(|| {
+                let next = State {
+                    at: window.index,
+                    current: clamp_u32(after),
+                    previous: 0,
+                };
+                (next, expires)
+            }),
+        },
+        held: (mine.is_some() || pruned).then(|| {
+            let at = lapses(&kept);
+            (kept, at)
+        }),
+    }
+}
+
+#[cfg(test)]
+#[path = "held_tests.rs"]
+mod tests;
