@@ -124,9 +124,7 @@ pub fn in_flight(
             outcome: Outcome {
                 allowed: false,
                 remaining: left(kept.len()),
-                wait: soonest
-                    .saturating_sub(now_t)
-                    .saturating_mul(NANOS_PER_TICK),
+                wait: soonest.saturating_sub(now_t).saturating_mul(NANOS_PER_TICK),
                 commit: None,
             },
             held: None,

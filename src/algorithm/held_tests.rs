@@ -32,7 +32,11 @@ fn an_in_flight_cap_admits_its_limit_and_frees_only_the_releasers_slot() {
             .held
             .is_none()
     );
-    assert!(in_flight(&after, HoldOp::Take, b"c", cap, 13 * S).outcome.allowed);
+    assert!(
+        in_flight(&after, HoldOp::Take, b"c", cap, 13 * S)
+            .outcome
+            .allowed
+    );
 }
 
 #[test]
@@ -42,7 +46,11 @@ fn a_held_id_cannot_take_a_second_slot_and_slots_lapse_by_themselves() {
         .held
         .expect("taken");
     assert_eq!(lapse, 130 * S);
-    assert!(!in_flight(&held, HoldOp::Take, b"x", cap, 101 * S).outcome.allowed);
+    assert!(
+        !in_flight(&held, HoldOp::Take, b"x", cap, 101 * S)
+            .outcome
+            .allowed
+    );
     // Never released: free again once max_hold has passed.
     let later = in_flight(&held, HoldOp::Take, b"x", cap, 130 * S);
     assert!(later.outcome.allowed);
@@ -70,7 +78,11 @@ fn reservations_fit_in_what_is_left_and_settle_to_the_real_cost() {
     assert!(!refused.outcome.allowed && refused.outcome.commit.is_none());
     assert!(refused.held.is_none());
     // A second reservation for one ID is refused too.
-    assert!(!reserve(state, &held, HoldOp::Reserve, b"a", &q, now, 1).outcome.allowed);
+    assert!(
+        !reserve(state, &held, HoldOp::Reserve, b"a", &q, now, 1)
+            .outcome
+            .allowed
+    );
     // Settled at 25: 35 come back.
     let s = reserve(state, &held, HoldOp::Settle, b"a", &q, now, 25);
     assert!(s.outcome.allowed);
@@ -98,7 +110,15 @@ fn a_settlement_above_the_reservation_charges_the_difference_even_past_the_limit
     assert_eq!(other.outcome.commit.expect("charged").0.current, 125);
     assert_eq!(other.outcome.remaining, 0);
     // A cost beyond the whole budget is cut to it, as for any budget.
-    let huge = reserve(State::default(), &[], HoldOp::Settle, b"z", &q, now, u64::MAX);
+    let huge = reserve(
+        State::default(),
+        &[],
+        HoldOp::Settle,
+        b"z",
+        &q,
+        now,
+        u64::MAX,
+    );
     assert_eq!(huge.outcome.commit.expect("charged").0.current, 100);
 }
 
@@ -126,5 +146,9 @@ fn a_reservation_of_nothing_holds_one_hit() {
         state = r.outcome.commit.expect("charged").0;
         held = r.held.expect("held").0;
     }
-    assert!(!reserve(state, &held, HoldOp::Reserve, b"c", &q, S, 0).outcome.allowed);
+    assert!(
+        !reserve(state, &held, HoldOp::Reserve, b"c", &q, S, 0)
+            .outcome
+            .allowed
+    );
 }

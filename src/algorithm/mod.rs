@@ -39,8 +39,8 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
-pub use quota::{Hits, MAX_BUCKET_SPAN, NANOS_PER_TICK, Outcome, Quota, State, bucket_span};
 pub use held::{Held, HeldOutcome, HoldOp, in_flight, reserve};
+pub use quota::{Hits, MAX_BUCKET_SPAN, NANOS_PER_TICK, Outcome, Quota, State, bucket_span};
 pub use sliding_log::{Logged, append};
 
 use crate::clock::Nanos;

@@ -55,7 +55,10 @@ async fn an_in_flight_cap_frees_the_slot_of_the_id_that_releases_it() {
     let take = |id| call(&[("user", "ann"), ("request_id", id)], None);
     let release = |id| call(&[("user", "ann"), ("release", id)], None);
     assert!(ok(&l, &take("r1")).await && ok(&l, &take("r2")).await);
-    assert!(!ok(&l, &take("r3")).await, "two in progress: the third waits");
+    assert!(
+        !ok(&l, &take("r3")).await,
+        "two in progress: the third waits"
+    );
     // The refused request's stream-end call, an unknown ID, a repeat: nothing.
     assert!(ok(&l, &release("r3")).await && ok(&l, &release("nobody")).await);
     assert!(!ok(&l, &take("r4")).await);
@@ -141,7 +144,10 @@ async fn request_ids_named_wrong_are_per_request_errors() {
         }
     };
     let m = refused(&[("plain", "p"), ("request_id", "x")]).await;
-    assert!(m.contains("neither an in_flight cap nor a budget with reserve"), "{m}");
+    assert!(
+        m.contains("neither an in_flight cap nor a budget with reserve"),
+        "{m}"
+    );
     let m = refused(&[("key", "k"), ("release", "x")]).await;
     assert!(m.contains("'release'") && m.contains("in_flight"), "{m}");
     let m = refused(&[("user", "u"), ("settle", "x")]).await;

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::RequestBounds;
 use super::validate::{drop_replaced, validate};
 use super::{LimitError, Limiter, Planned, Request};
+use crate::algorithm::HoldOp;
 use crate::metrics::LimitStats;
 use crate::rules::{Limit, OverLimit, Rule};
-use super::RequestBounds;
-use crate::algorithm::HoldOp;
 use crate::store::{Check, CounterKey, HoldCheck};
 
 impl Limiter {
@@ -58,7 +58,12 @@ impl Limiter {
                 continue;
             };
             let hold = if matched.hold {
-                Some(held_entry(d, descriptor, matched.rules, &self.options.bounds)?)
+                Some(held_entry(
+                    d,
+                    descriptor,
+                    matched.rules,
+                    &self.options.bounds,
+                )?)
             } else {
                 None
             };
@@ -106,7 +111,7 @@ impl Limiter {
         (request, d): (&Request<'_>, usize),
         (rule, limit, shadow, stats): (Option<Arc<Rule>>, Limit, bool, Option<Arc<LimitStats>>),
         scope: u64,
-        (shared, lane, hold): (&[(usize, &str)], Option<u8>, Option<(HoldOp, &str)>),
+        (shared, lane, hold): (&[(usize, &str)], Option<u8>, Option<HeldEntry<'_>>),
         hits_default: u64,
         (planned, checks): (&mut SmallVec<[Planned; 4]>, &mut SmallVec<[Check; 4]>),
     ) {
@@ -173,6 +178,9 @@ impl Limiter {
         });
     }
 }
+
+/// What a call does with a request ID, and the ID.
+type HeldEntry<'a> = (HoldOp, &'a str);
 
 /// A descriptor's last entry when it holds, frees or settles a request ID
 /// (its key and the ID), or why it cannot.

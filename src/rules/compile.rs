@@ -45,6 +45,9 @@ pub(super) struct Compiler {
     declared: hashbrown::HashMap<String, Declared>,
 }
 
+/// A descriptor's optional shape as written.
+type RawShape<T> = Box<Spanned<T>>;
+
 /// Where a descriptor was declared: its file, and its line and column.
 type Declared = (Arc<PathBuf>, Option<(u32, u32)>);
 
@@ -298,7 +301,7 @@ impl Compiler {
         &mut self,
         (file, domain): (&Arc<PathBuf>, &Arc<str>),
         (path, key, levels): (&str, &str, &[String]),
-        (lanes, in_flight): (Option<Box<Spanned<RawLanes>>>, Option<Box<Spanned<RawInFlight>>>),
+        (lanes, in_flight): (Option<RawShape<RawLanes>>, Option<RawShape<RawInFlight>>),
         raw: &RawDescriptor,
         (node, pos): (&mut Node, Option<(u32, u32)>),
     ) {
@@ -310,7 +313,14 @@ impl Compiler {
         }
         let cap = in_flight.and_then(|f| {
             let limit = super::held::in_flight(&f, path, pos, &self.options, &mut err)?;
-            Some(super::held::in_flight_rule(&f, limit, raw, (file, domain), (path, levels), pos))
+            Some(super::held::in_flight_rule(
+                &f,
+                limit,
+                raw,
+                (file, domain),
+                (path, levels),
+                pos,
+            ))
         });
         super::held::check_node((path, key), node, cap.is_some(), pos, &mut err);
         if let Some(rule) = cap {

@@ -74,7 +74,7 @@ pub(crate) struct RawRateLimit {
     pub(crate) budget: Option<Spanned<bool>>,
     pub(crate) consistency: Option<Spanned<Text>>,
     pub(crate) lease: Option<Spanned<Count>>,
-    pub(crate) reserve: Option<Spanned<bool>>,
+    pub(crate) reserve: Option<Box<Spanned<bool>>>,
 }
 
 /// `in_flight: {limit: N, max_hold_seconds: S}` on a descriptor.

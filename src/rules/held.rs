@@ -19,6 +19,9 @@ use crate::algorithm::{Algorithm, HoldOp};
 /// descriptor.
 pub(crate) const HOLD_KEYS: [&str; 3] = ["request_id", "release", "settle"];
 
+/// Why a shared store refuses limits that hold request IDs.
+const SHARED: &str = "which holds request IDs: the memory store (--store memory) does; a Redis store does not yet, and would count it wrong, so the rule is refused";
+
 /// The longest `max_hold_seconds`: a day. A slot Envoy never released is
 /// held this long at most.
 pub const MAX_HOLD_SECONDS: u32 = 86_400;
@@ -41,11 +44,15 @@ pub(crate) fn op_for(entry_key: &str, rule: &Rule) -> Option<HoldOp> {
 pub(super) fn reserve_fits(
     rl: &RawRateLimit,
     path: &str,
-    (algorithm, _calendar): (Algorithm, bool),
+    (algorithm, holds_ids): (Algorithm, bool),
     pos: Option<(u32, u32)>,
     err: ErrorSink<'_>,
 ) -> bool {
     let pos = rl.reserve.as_ref().and_then(|r| at(&r.referenced)).or(pos);
+    if !holds_ids {
+        err(pos, format!("'{path}' has reserve: true, {SHARED}"));
+        return false;
+    }
     if !rl.budget.as_ref().is_some_and(|b| b.value) {
         err(
             pos,
@@ -77,9 +84,18 @@ pub(super) fn in_flight(
     err: ErrorSink<'_>,
 ) -> Option<Limit> {
     let pos = at(&raw.referenced).or(pos);
+    if !options.holds_ids {
+        err(pos, format!("'{path}' has in_flight, {SHARED}"));
+        return None;
+    }
     let limit = match &raw.value.limit {
         None => {
-            err(pos, format!("in_flight on '{path}' needs a limit (`limit: N`, requests in progress at once)"));
+            err(
+                pos,
+                format!(
+                    "in_flight on '{path}' needs a limit (`limit: N`, requests in progress at once)"
+                ),
+            );
             None
         }
         Some(n) if n.value.0 == 0 || n.value.0 > options.max_in_flight => {
@@ -143,7 +159,10 @@ pub(super) fn in_flight_rule(
     Rule {
         path: path.to_owned(),
         reported_name: name.as_deref().unwrap_or("").into(),
-        policy_name: name.clone().unwrap_or_else(|| format!("{path}/in_flight")).into(),
+        policy_name: name
+            .clone()
+            .unwrap_or_else(|| format!("{path}/in_flight"))
+            .into(),
         name,
         limit: Some(limit),
         shadow_mode: descriptor.shadow_mode.unwrap_or(false),

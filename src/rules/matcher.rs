@@ -64,10 +64,10 @@ impl Node {
     /// `request_id` every held rule, `release` the in-flight cap, `settle`
     /// the reserved budgets.
     fn held_for(&self, key: &str) -> &[Arc<Rule>] {
-        let capped = self
-            .held
-            .first()
-            .is_some_and(|r| r.limit.is_some_and(|l| l.held == Some(super::HeldKind::InFlight)));
+        let capped = self.held.first().is_some_and(|r| {
+            r.limit
+                .is_some_and(|l| l.held == Some(super::HeldKind::InFlight))
+        });
         match key {
             "release" => &self.held[..usize::from(capped)],
             "settle" => &self.held[usize::from(capped)..],

@@ -26,15 +26,14 @@ use crate::clock::NANOS_PER_SEC;
 
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
+pub use held::MAX_HOLD_SECONDS;
+pub(crate) use held::op_for;
 pub use load::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG,
-    LoadOptions,
-    load_paths, load_sources, rule_files,
+    LoadOptions, load_paths, load_sources, rule_files,
 };
 pub(crate) use matcher::ShapeEntry;
 pub use matcher::{Matched, WalkedEntries};
-pub use held::MAX_HOLD_SECONDS;
-pub(crate) use held::op_for;
 pub use over_limit::OverLimit;
 
 /// What to answer for a limit when its store cannot decide.

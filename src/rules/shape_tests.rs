@@ -176,3 +176,150 @@ fn a_sliding_log_is_bounded_by_name_and_never_leased() {
         .collect();
     assert_eq!(algorithms, [Algorithm::TokenBucket, Algorithm::SlidingLog]);
 }
+
+#[test]
+fn in_flight_and_reserve_are_checked_with_their_lines() {
+    let one = |fields: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 10}}\n    {fields}\n"
+        )
+    };
+    for (fields, needle) in [
+        (
+            "in_flight: {limit: 0, max_hold_seconds: 60}",
+            "limit of 0; it is 1 to 10000 (--max-in-flight",
+        ),
+        (
+            "in_flight: {limit: 10001, max_hold_seconds: 60}",
+            "--max-in-flight",
+        ),
+        ("in_flight: {limit: 5}", "needs max_hold_seconds"),
+        ("in_flight: {max_hold_seconds: 5}", "needs a limit"),
+        (
+            "in_flight: {limit: 5, max_hold_seconds: 86401}",
+            "max_hold_seconds 86401; it is 1 to 86400",
+        ),
+        (
+            "in_flight: {limit: 5, max_hold_seconds: 60, when: now}",
+            "unknown field",
+        ),
+        (
+            "in_flight: {limit: 5, max_hold_seconds: 60}\n    descriptors: [{key: release, rate_limit: {unit: hour, requests_per_unit: 1}}]",
+            "a child descriptor's key is 'release'",
+        ),
+    ] {
+        let err = RuleSet::from_yaml(&one(fields))
+            .expect_err(fields)
+            .to_string();
+        assert!(err.contains(needle), "{fields}: {err}");
+        assert!(
+            err.contains(":3:") || err.contains(":5:") || err.contains(":4:"),
+            "a line: {err}"
+        );
+    }
+    let budget =
+        |limit: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {limit}\n");
+    for (limit, needle) in [
+        (
+            "{unit: hour, requests_per_unit: 10, algorithm: fixed_window, reserve: true}",
+            "without budget: true",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 10, algorithm: token_bucket, budget: true, reserve: true}",
+            "needs algorithm: fixed_window",
+        ),
+        (
+            "{unlimited: true, reserve: true}",
+            "should not specify rate limit reserve",
+        ),
+    ] {
+        let err = RuleSet::from_yaml(&budget(limit))
+            .expect_err(limit)
+            .to_string();
+        assert!(
+            err.contains(needle) && err.contains(":4:"),
+            "{limit}: {err}"
+        );
+    }
+    let ok = RuleSet::from_yaml(&budget(
+        "{unit: month, calendar: true, requests_per_unit: 10, algorithm: fixed_window, budget: true, reserve: true}",
+    ))
+    .expect("a calendar budget reserves");
+    assert_eq!(
+        ok.rules()[0].limit.and_then(|l| l.held),
+        Some(HeldKind::Reserve)
+    );
+    // A store that cannot hold IDs refuses both, by name.
+    let shared = LoadOptions {
+        holds_ids: false,
+        ..LoadOptions::default()
+    };
+    let sources = |yaml: String| vec![(PathBuf::from("r.yaml"), yaml)];
+    for yaml in [
+        one("in_flight: {limit: 5, max_hold_seconds: 60}"),
+        budget(
+            "{unit: hour, requests_per_unit: 10, algorithm: fixed_window, budget: true, reserve: true}",
+        ),
+    ] {
+        let err = load_sources(&sources(yaml), &shared)
+            .expect_err("shared")
+            .to_string();
+        assert!(
+            err.contains("--store memory") && err.contains("Redis store does not"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_last_request_id_entry_matches_the_nodes_held_rules() {
+    let rules = RuleSet::from_yaml(
+        "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: hour, requests_per_unit: 10}
+      - {name: tokens, unit: hour, requests_per_unit: 99, algorithm: fixed_window, budget: true, reserve: true}
+    in_flight: {limit: 5, max_hold_seconds: 60}
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 1}
+",
+    )
+    .expect("loads");
+    let limits = |entries: &[(&str, &str)]| {
+        rules.lookup("d", entries).map(|m| {
+            (
+                m.hold,
+                m.rules
+                    .iter()
+                    .map(|r| r.limit.map_or(0, |l| l.requests_per_unit))
+                    .collect::<Vec<_>>(),
+            )
+        })
+    };
+    assert_eq!(limits(&[("k", "a")]), Some((false, vec![10, 99])));
+    assert_eq!(
+        limits(&[("k", "a"), ("request_id", "x")]),
+        Some((true, vec![5, 99]))
+    );
+    assert_eq!(
+        limits(&[("k", "a"), ("release", "x")]),
+        Some((true, vec![5]))
+    );
+    assert_eq!(
+        limits(&[("k", "a"), ("settle", "x")]),
+        Some((true, vec![99]))
+    );
+    assert_eq!(limits(&[("k", "a"), ("user", "u")]), Some((false, vec![1])));
+    assert_eq!(
+        limits(&[("plain", "p"), ("request_id", "x")]),
+        Some((true, vec![]))
+    );
+    assert_eq!(
+        limits(&[("k", "a"), ("request_id", "x"), ("user", "u")]),
+        None
+    );
+}

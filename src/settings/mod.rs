@@ -429,9 +429,12 @@ impl ServeArgs {
         }
     }
 
-    /// How rules are loaded.
+    /// How rules are loaded: a shared store holds no request IDs yet.
     pub(crate) fn load_options(&self) -> LoadOptions {
-        self.rule_load.load_options()
+        LoadOptions {
+            holds_ids: self.store == StoreKind::Memory,
+            ..self.rule_load.load_options()
+        }
     }
 }
 

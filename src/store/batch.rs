@@ -170,7 +170,11 @@ pub struct Stored<'a> {
 /// log's state is an append (see [`crate::algorithm::append`]); and the
 /// held IDs to write. Releases and settlements are applied (and written)
 /// whatever the others decide.
-pub fn decide_batch(checks: &mut [Check], stored: Stored<'_>, now: Nanos) -> (Commits, HeldCommits) {
+pub fn decide_batch(
+    checks: &mut [Check],
+    stored: Stored<'_>,
+    now: Nanos,
+) -> (Commits, HeldCommits) {
     let (pending, held) = decide_in_order(checks, stored, now, |_| true);
     if !refused(checks.iter()) {
         return (pending, held);
@@ -203,10 +207,8 @@ pub fn decide_batch(checks: &mut [Check], stored: Stored<'_>, now: Nanos) -> (Co
     for (check, decided) in checks.iter_mut().zip(alone) {
         if check.is_after_the_fact() {
             check.outcome = decided.outcome;
-        } else if check.hold.is_some() {
-            if let Some(o) = check.outcome.as_mut() {
-                o.commit = None;
-            }
+        } else if let Some(o) = check.outcome.as_mut().filter(|_| check.hold.is_some()) {
+            o.commit = None;
         }
     }
     (pending, held)
@@ -257,7 +259,13 @@ fn decide_in_order(
                         now,
                     ),
                     HoldOp::Reserve | HoldOp::Settle => crate::algorithm::reserve(
-                        state, seen, hold.op, &hold.id, &check.quota, now, check.hits,
+                        state,
+                        seen,
+                        hold.op,
+                        &hold.id,
+                        &check.quota,
+                        now,
+                        check.hits,
                     ),
                 };
                 held_pending[i] = decided.held;

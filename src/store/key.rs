@@ -55,7 +55,13 @@ impl CounterKey {
     /// Starts the key of an in-flight cap in `domain` whose slots are held
     /// `hold_seconds` at most: never the key of a counter.
     pub fn in_flight(domain: &str, hold_seconds: u32) -> Self {
-        let mut key = Self::with_period(domain, Algorithm::FixedWindow, Unit::Second, hold_seconds, None);
+        let mut key = Self::with_period(
+            domain,
+            Algorithm::FixedWindow,
+            Unit::Second,
+            hold_seconds,
+            None,
+        );
         if let Some(a) = key.bytes.get_mut(4 + domain.len()) {
             *a |= IN_FLIGHT;
         }
@@ -199,7 +205,10 @@ mod tests {
         assert_ne!(cap, counter, "a cap's key is never a counter's");
         let parts = cap.parts();
         assert!(parts.in_flight);
-        assert_eq!((parts.algorithm, parts.every), (Algorithm::FixedWindow, 600));
+        assert_eq!(
+            (parts.algorithm, parts.every),
+            (Algorithm::FixedWindow, 600)
+        );
         assert_eq!(parts.entries.as_slice(), &[("user", "ann")]);
     }
 }

@@ -173,7 +173,10 @@ impl MemoryStore {
         for (check, &(shard, hash, tag)) in checks.iter().zip(&located) {
             let guard = &guards[shard_of(shard)].1;
             held.push(match check.hold {
-                Some(_) => guard.held.get(check.key.as_bytes()).map_or(&[], |h| &h.held),
+                Some(_) => guard
+                    .held
+                    .get(check.key.as_bytes())
+                    .map_or(&[], |h| &h.held),
                 None => &[],
             });
             if check.algorithm == Algorithm::SlidingLog {
