@@ -12,6 +12,7 @@ mod common;
 mod answers;
 mod envoy_e2e;
 mod envoy_gateway;
+mod held;
 mod istio_e2e;
 mod llm_budget;
 mod reference_binary;
