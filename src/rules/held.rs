@@ -19,9 +19,6 @@ use crate::algorithm::{Algorithm, HoldOp};
 /// descriptor.
 pub(crate) const HOLD_KEYS: [&str; 3] = ["request_id", "release", "settle"];
 
-/// Why a shared store refuses limits that hold request IDs.
-const SHARED: &str = "which holds request IDs: the memory store (--store memory) does; a Redis store does not yet, and would count it wrong, so the rule is refused";
-
 /// The longest `max_hold_seconds`: a day. A slot Envoy never released is
 /// held this long at most.
 pub const MAX_HOLD_SECONDS: u32 = 86_400;
@@ -44,15 +41,11 @@ pub(crate) fn op_for(entry_key: &str, rule: &Rule) -> Option<HoldOp> {
 pub(super) fn reserve_fits(
     rl: &RawRateLimit,
     path: &str,
-    (algorithm, holds_ids): (Algorithm, bool),
+    algorithm: Algorithm,
     pos: Option<(u32, u32)>,
     err: ErrorSink<'_>,
 ) -> bool {
     let pos = rl.reserve.as_ref().and_then(|r| at(&r.referenced)).or(pos);
-    if !holds_ids {
-        err(pos, format!("'{path}' has reserve: true, {SHARED}"));
-        return false;
-    }
     if !rl.budget.as_ref().is_some_and(|b| b.value) {
         err(
             pos,
@@ -84,10 +77,6 @@ pub(super) fn in_flight(
     err: ErrorSink<'_>,
 ) -> Option<Limit> {
     let pos = at(&raw.referenced).or(pos);
-    if !options.holds_ids {
-        err(pos, format!("'{path}' has in_flight, {SHARED}"));
-        return None;
-    }
     let limit = match &raw.value.limit {
         None => {
             err(

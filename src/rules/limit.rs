@@ -76,7 +76,7 @@ pub(super) fn compile(
     // to the window they were charged to.
     let log_fits = rpu <= options.max_sliding_log && lease == 0;
     let reserve = rl.reserve.as_ref().is_some_and(|r| r.value);
-    if reserve && !super::held::reserve_fits(rl, path, (algorithm, options.holds_ids), pos, err) {
+    if reserve && !super::held::reserve_fits(rl, path, algorithm, pos, err) {
         return None;
     }
     let (algorithm, burst) = match options.algorithm_override {

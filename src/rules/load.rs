@@ -36,10 +36,6 @@ pub struct LoadOptions {
     /// The largest `in_flight` limit (`--max-in-flight`): each request in
     /// progress is held by its ID.
     pub max_in_flight: u32,
-    /// Whether the store can hold request IDs (`in_flight`, `reserve`):
-    /// the memory store; Redis cannot yet, and rules that need it are
-    /// refused by name.
-    pub holds_ids: bool,
 }
 
 /// `--max-in-flight`'s default: a cap's held IDs are read whole by each
@@ -77,7 +73,6 @@ impl Default for LoadOptions {
             max_rule_depth: DEFAULT_MAX_RULE_DEPTH,
             max_sliding_log: DEFAULT_MAX_SLIDING_LOG,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            holds_ids: true,
         }
     }
 }

@@ -249,26 +249,6 @@ fn in_flight_and_reserve_are_checked_with_their_lines() {
         ok.rules()[0].limit.and_then(|l| l.held),
         Some(HeldKind::Reserve)
     );
-    // A store that cannot hold IDs refuses both, by name.
-    let shared = LoadOptions {
-        holds_ids: false,
-        ..LoadOptions::default()
-    };
-    let sources = |yaml: String| vec![(PathBuf::from("r.yaml"), yaml)];
-    for yaml in [
-        one("in_flight: {limit: 5, max_hold_seconds: 60}"),
-        budget(
-            "{unit: hour, requests_per_unit: 10, algorithm: fixed_window, budget: true, reserve: true}",
-        ),
-    ] {
-        let err = load_sources(&sources(yaml), &shared)
-            .expect_err("shared")
-            .to_string();
-        assert!(
-            err.contains("--store memory") && err.contains("Redis store does not"),
-            "{err}"
-        );
-    }
 }
 
 #[test]

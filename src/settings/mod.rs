@@ -429,12 +429,9 @@ impl ServeArgs {
         }
     }
 
-    /// How rules are loaded: a shared store holds no request IDs yet.
+    /// How rules are loaded.
     pub(crate) fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            holds_ids: self.store == StoreKind::Memory,
-            ..self.rule_load.load_options()
-        }
+        self.rule_load.load_options()
     }
 }
 

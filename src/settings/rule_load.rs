@@ -59,7 +59,6 @@ impl RuleLoadArgs {
             max_rule_depth: self.max_rule_depth,
             max_sliding_log: self.max_sliding_log,
             max_in_flight: self.max_in_flight,
-            holds_ids: true,
         }
     }
 

@@ -113,11 +113,13 @@ impl Check {
     }
 
     /// What admission spends on this counter (the hits, or a budget's
-    /// capped charge; a reservation's hits, at least one).
+    /// capped charge; a reservation's hits, at least one; a slot).
     pub fn charge(&self) -> u64 {
         match self.hold.as_ref().map(|h| h.op) {
             Some(HoldOp::Reserve) => self.hits.max(1),
-            Some(_) => 0,
+            // A slot; what already happened is never taken back.
+            Some(HoldOp::Take) => 1,
+            Some(HoldOp::Release | HoldOp::Settle) => 0,
             None => self.quota.hits(self.hits).charge,
         }
     }

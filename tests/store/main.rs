@@ -5,12 +5,15 @@
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
+// Deep async tests overflow the trait solver's default depth (E0275).
+#![recursion_limit = "256"]
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod conformance;
 mod differential;
+mod held;
 mod lanes;
 mod redis_batching;
 mod redis_cluster_faults;

@@ -142,6 +142,49 @@ local function read_log(key)
   return v
 end
 
+-- Held request IDs (held.lua), decoded once per call like a log: what
+-- this call wrote, else what Redis holds. Anything but triples of a string,
+-- a whole number from 0 to 2^32 and a time below 2^53 µs reads as none.
+local helds = {}
+local function read_held(key)
+  local v = pending[key]
+  if v ~= nil then return v end
+  v = committed[key]
+  if v ~= nil then return v end
+  v = helds[key]
+  if v == nil then
+    v = {}
+    local r = blob[key]
+    if r then
+      local ok, t = pcall(cmsgpack.unpack, r)
+      if ok and type(t) == 'table' and #t % 3 == 0 then
+        local valid = true
+        for i = 1, #t, 3 do
+          local id, n, u = t[i], t[i + 1], t[i + 2]
+          if type(id) ~= 'string' or type(n) ~= 'number' or type(u) ~= 'number'
+            or n ~= math.floor(n) or n < 0 or n > MAX_HITS
+            or u ~= math.floor(u) or u < 0 or u >= EXACT_US then
+            valid = false
+            break
+          end
+        end
+        if valid then v = t end
+      end
+    end
+    helds[key] = v
+  end
+  return v
+end
+
+-- Codes whose call also writes its second key (a budget's held IDs), and
+-- codes that report what already happened (a release, a settlement): those
+-- are applied whatever the request's other checks decide.
+local SECOND = {[string.byte('r')] = true, [string.byte('e')] = true}
+local AFTER = {[string.byte('o')] = true, [string.byte('e')] = true}
+-- Counters a reservation wrote: never in the call's receipt, since taking
+-- the hits back would leave the reservation to be refunded once more.
+local no_undo = {}
+
 local function commit(key, value, expires)
   if committed[key] == nil then committed_order[#committed_order + 1] = key end
   committed[key] = value
@@ -163,10 +206,17 @@ local function several(first, checks, now, o)
   for i = 0, checks - 1 do
     local b = first + i * FIELDS
     local k1 = input[b + 1]
-    local allowed, remaining, wait, value, expires = ALG[input[b]](
+    local allowed, remaining, wait, value, expires, value2, expires2 = ALG[input[b]](
       k1, input[b + 2], now, input[b + 3], input[b + 4], input[b + 5], input[b + 6],
-      input[b + 7], read, read_log)
+      input[b + 7], read, read_log, read_held)
     local enforce = input[b + 8]
+    if value2 ~= nil then
+      local k2 = input[b + 2]
+      if pending[k2] == nil then pending_order[#pending_order + 1] = k2 end
+      pending[k2] = value2
+      pending_exp[k2] = expires2
+    end
+    if SECOND[input[b]] then no_undo[k1] = true end
     if enforce == ENFORCED then
       if allowed == 0 then blocked = true end
     elseif enforce == QUOTA then
@@ -195,10 +245,27 @@ local function several(first, checks, now, o)
     for i = 0, checks - 1 do
       if out[o + i * 3 + 1] == 1 then
         local b = first + i * FIELDS
-        local _, remaining = ALG[input[b]](
+        if not AFTER[input[b]] and input[b] ~= string.byte('i') and input[b] ~= string.byte('r') then
+          local _, remaining = ALG[input[b]](
+            input[b + 1], input[b + 2], now, input[b + 3], input[b + 4], input[b + 5],
+            1, 0, read, read_log, read_held)
+          out[o + i * 3 + 2] = remaining
+        end
+      end
+    end
+    -- What already happened is applied alone, in order.
+    for i = 0, checks - 1 do
+      local b = first + i * FIELDS
+      if AFTER[input[b]] then
+        local allowed, remaining, wait, value, expires, value2, expires2 = ALG[input[b]](
           input[b + 1], input[b + 2], now, input[b + 3], input[b + 4], input[b + 5],
-          1, 0, read, read_log)
+          input[b + 6], input[b + 7], read, read_log, read_held)
+        if value ~= nil then commit(input[b + 1], value, expires) end
+        if value2 ~= nil then commit(input[b + 2], value2, expires2) end
+        if SECOND[input[b]] then no_undo[input[b + 1]] = true end
+        out[o + i * 3 + 1] = allowed
         out[o + i * 3 + 2] = remaining
+        out[o + i * 3 + 3] = wait
       end
     end
   else
@@ -227,13 +294,15 @@ for _ = 1, input[1] do
     -- One check (one descriptor, one limit: most requests). A refused
     -- check writes nothing (no value), so there is nothing to hold back or
     -- undo: what it would write is committed at once.
-    local allowed, remaining, wait, value, expires = ALG[input[first]](
+    local allowed, remaining, wait, value, expires, value2, expires2 = ALG[input[first]](
       input[first + 1], input[first + 2], now, input[first + 3], input[first + 4],
-      input[first + 5], input[first + 6], input[first + 7], read, read_log)
+      input[first + 5], input[first + 6], input[first + 7], read, read_log, read_held)
     if value ~= nil then
       commit(input[first + 1], value, expires)
       if input[first] ~= TOKEN then windowed[input[first + 1]] = true end
     end
+    if value2 ~= nil then commit(input[first + 2], value2, expires2) end
+    if SECOND[input[first]] then no_undo[input[first + 1]] = true end
     out[o + 1] = allowed
     out[o + 2] = remaining
     out[o + 3] = wait
@@ -257,8 +326,15 @@ local undo = {}
 for _, key in ipairs(committed_order) do
   local value = committed[key]
   local was = stored[key]
-  if type(value) == 'table' then
+  if type(value) == 'table' and #value == 0 then
+    redis.call('DEL', KEYS[key])
+  elseif type(value) == 'table' then
     redis.call('SET', KEYS[key], cmsgpack.pack(value), 'PXAT',
+      integer(math.ceil(committed_exp[key] / 1000)))
+  elseif no_undo[key] and windowed[key] and value < EXACT and raw[key] == integer(was) then
+    redis.call('INCRBY', KEYS[key], integer(value - was))
+  elseif no_undo[key] then
+    redis.call('SET', KEYS[key], integer(value), 'PXAT',
       integer(math.ceil(committed_exp[key] / 1000)))
   elseif windowed[key] and value < EXACT and raw[key] == integer(was) then
     undo[#undo + 1] = key

@@ -295,6 +295,7 @@ mod tests {
                     cost: 1,
                     charge: 1,
                     enforce: b'1',
+                    id: None,
                 })
                 .collect(),
         }

@@ -13,8 +13,9 @@
 //! another descriptor's counter, and no value can end the hash tag early.
 //! The prefix may not contain braces (checked when the store is built).
 
-use crate::algorithm::Algorithm;
-use crate::store::CounterKey;
+use crate::algorithm::{Algorithm, HoldOp};
+use crate::clock::Nanos;
+use crate::store::{Check, CounterKey};
 
 /// The Redis keys of one check: one, or two for the sliding window (the
 /// current window's first). The one place that knows how many keys an
@@ -50,7 +51,11 @@ impl KeyNames {
         }
         base.push('}');
         base.push(':');
-        base.push_str(algorithm_code(parts.algorithm));
+        base.push_str(if parts.in_flight {
+            IN_FLIGHT_CODE
+        } else {
+            algorithm_code(parts.algorithm)
+        });
         base.push(':');
         parts
             .unit
@@ -62,6 +67,13 @@ impl KeyNames {
             name.push_str(itoa::Buffer::new().format(window));
             name
         };
+        if parts.in_flight {
+            // An in-flight cap's held IDs: one list, no window.
+            return Self {
+                names: [base, String::new()],
+                len: 1,
+            };
+        }
         let names = match parts.algorithm {
             Algorithm::FixedWindow => [numbered(window), String::new()],
             Algorithm::SlidingWindow => [numbered(window), numbered(window.saturating_sub(1))],
@@ -82,14 +94,15 @@ impl KeyNames {
         let end = inner.find('}')?;
         // Counters only (a call's receipt shares the hash tag, not the form).
         let code = inner[end + 1..].strip_prefix(':')?.split(':').next()?;
-        if ![
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::TokenBucket,
-            Algorithm::SlidingLog,
-        ]
-        .iter()
-        .any(|&a| algorithm_code(a) == code)
+        if code != IN_FLIGHT_CODE
+            && ![
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindow,
+                Algorithm::TokenBucket,
+                Algorithm::SlidingLog,
+            ]
+            .iter()
+            .any(|&a| algorithm_code(a) == code)
         {
             return None;
         }
@@ -113,6 +126,35 @@ impl KeyNames {
         glob_escape(&escaped, &mut pattern);
         pattern.push_str("|*");
         pattern
+    }
+
+    /// The keys of `check` at `now`: its counter's (see [`KeyNames::of`]),
+    /// and for a reserved budget's call the key of its held IDs after them
+    /// (the counter's name and `:h`: one hash tag, one slot).
+    pub(super) fn of_check(prefix: &str, check: &Check, now: Nanos) -> Self {
+        let mut names = Self::of(prefix, &check.key, check.quota.window_at(now).index);
+        if Self::holds_beside(check) {
+            names.names[1] = format!("{}:h", names.names[0]);
+            names.len = 2;
+        }
+        names
+    }
+
+    /// Whether `check` also has the key of a budget's held IDs.
+    fn holds_beside(check: &Check) -> bool {
+        check
+            .hold
+            .as_ref()
+            .is_some_and(|h| matches!(h.op, HoldOp::Reserve | HoldOp::Settle))
+    }
+
+    /// How many keys [`KeyNames::of_check`] gives `check`.
+    pub(super) fn count_of(check: &Check) -> usize {
+        if Self::holds_beside(check) {
+            2
+        } else {
+            Self::count(check.algorithm)
+        }
     }
 
     /// The first key (the current window's): the one whose slot is the
@@ -201,6 +243,9 @@ fn unescape(text: &str) -> Option<String> {
     Some(out)
 }
 
+/// The code of an in-flight cap's held IDs in key names.
+const IN_FLIGHT_CODE: &str = "if";
+
 /// Short algorithm names used in key names.
 fn algorithm_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -208,6 +253,18 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
         Algorithm::SlidingWindow => "sw",
         Algorithm::TokenBucket => "tb",
         Algorithm::SlidingLog => "sl",
+    }
+}
+
+/// A check's code in the batch script's arguments: its algorithm's, or
+/// what it does with a request ID (see `held.lua`).
+pub(super) fn check_code(check: &Check) -> u8 {
+    match check.hold.as_ref().map(|h| h.op) {
+        Some(HoldOp::Take) => b'i',
+        Some(HoldOp::Release) => b'o',
+        Some(HoldOp::Reserve) => b'r',
+        Some(HoldOp::Settle) => b'e',
+        None => script_code(check.algorithm).as_bytes()[0],
     }
 }
 

@@ -60,6 +60,24 @@ impl Writer {
         self
     }
 
+    /// The next value, a string of `bytes` (any bytes: Lua's strings are).
+    pub(super) fn str(&mut self, bytes: &[u8]) -> &mut Self {
+        match u16::try_from(bytes.len()) {
+            Ok(n) if n <= u16::from(u8::MAX) => self.buf.extend_from_slice(&[0xd9, n as u8]),
+            Ok(n) => {
+                self.buf.push(0xda);
+                self.buf.extend_from_slice(&n.to_be_bytes());
+            }
+            Err(_) => {
+                self.buf.push(0xdb);
+                let n = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                self.buf.extend_from_slice(&n.to_be_bytes());
+            }
+        }
+        self.buf.extend_from_slice(bytes);
+        self
+    }
+
     pub(super) fn into_bytes(self) -> Vec<u8> {
         self.buf
     }

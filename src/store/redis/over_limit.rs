@@ -42,6 +42,11 @@ impl OverLimitCache {
     /// outcome (that one denied, the others admitted but not counted, their
     /// remaining unknown and reported as the full limit) and returns true.
     pub fn answer(&self, checks: &mut [Check], now: Nanos) -> bool {
+        // A call that holds, frees or settles a request ID goes to the
+        // store: a release frees a slot the cache would go on refusing.
+        if checks.iter().any(|c| c.hold.is_some()) {
+            return false;
+        }
         let blocked = checks.iter().enumerate().find_map(|(i, c)| {
             // A quota-mode refusal alone refuses nothing.
             if !c.enforced || c.quota_mode {
@@ -82,7 +87,10 @@ impl OverLimitCache {
     pub fn remember(&self, checks: &[Check], now: Nanos) {
         for check in checks
             .iter()
+            // A budget may be refunded (a settlement), a held ID released:
+            // their refusals may end before their wait does.
             .filter(|c| c.enforced && !c.quota_mode && c.hits <= 1)
+            .filter(|c| !c.quota.budget && c.hold.is_none())
         {
             let Some(outcome) = check.outcome.filter(|o| !o.allowed) else {
                 continue;

@@ -39,18 +39,29 @@ pub(super) struct ScriptCheck {
     pub(super) charge: u64,
     /// `b'1'`, `b'0'`, `b'q'` or `b'Q'` (see `batch.lua`).
     pub(super) enforce: u8,
+    /// The request ID a call holds, frees or settles (`held.lua`).
+    pub(super) id: Option<Box<[u8]>>,
 }
 
 impl ScriptCheck {
     /// Its numbers in the script's argument, with its key's index in KEYS
     /// and its previous window's (0 for none).
+    /// A held-ID call's ID rides where its code takes no number (see
+    /// `held.lua`): an in-flight cap's in place of the previous key, a
+    /// budget's in place of the window's start.
     pub(super) fn write(&self, args: &mut msgpack::Writer, key: u64, previous: u64) {
-        args.uint(u64::from(self.code))
-            .uint(key)
-            .uint(previous)
-            .uint(u64::from(self.limit))
-            .uint(self.start_or_period)
-            .uint(self.end_or_burst)
+        let id = self.id.as_deref().unwrap_or_default();
+        args.uint(u64::from(self.code)).uint(key);
+        match self.code {
+            b'i' | b'o' => args.str(id),
+            _ => args.uint(previous),
+        };
+        args.uint(u64::from(self.limit));
+        match self.code {
+            b'r' | b'e' => args.str(id),
+            _ => args.uint(self.start_or_period),
+        };
+        args.uint(self.end_or_burst)
             .uint(self.cost)
             .uint(self.charge)
             .uint(u64::from(self.enforce));
@@ -111,7 +122,8 @@ pub(super) fn batch_call<'l, 'a>(lua: &'l Lua, parts: &[&'a Part]) -> Invocation
         let mut keys = part.keys.iter();
         for c in &part.checks {
             let key = keys.next().map_or(0, |k| key_index(k));
-            let previous = if c.code == b's' {
+            // A sliding window's previous window; a budget's held IDs.
+            let previous = if matches!(c.code, b's' | b'r' | b'e') {
                 keys.next().map_or(0, |k| key_index(k))
             } else {
                 0
@@ -159,6 +171,7 @@ mod tests {
             cost: charge,
             charge,
             enforce: b'1',
+            id: None,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::store::{Check, StoreError, refused};
 
 /// Whether a check belongs to the per-second pool: a period of one second.
 pub(super) fn is_per_second(check: &Check) -> bool {
-    check.quota.period == NANOS_PER_SEC && check.quota.calendar.is_none()
+    check.quota.period == NANOS_PER_SEC && check.quota.calendar.is_none() && check.hold.is_none()
 }
 
 /// Decides `checks` across `main` and `per_second` (some checks belong to

@@ -7,6 +7,8 @@
 -- ARGV[1..]: three per check: algorithm ('f', 's', 't' or 'l'), hits, and
 --   the interval between a token bucket's tokens or a sliding log's request
 --   time (µs).
+-- 'i' and 'r' (held IDs) take the ID as their third argument; 'r' has two
+-- keys (see below).
 -- Returns the number of keys changed. Expiries are kept (KEEPTTL).
 
 -- A sliding log ('l') gives back its hits at the request's time (the third
@@ -32,6 +34,31 @@ local function refund_log(key, hits, at)
   return 0
 end
 
+-- A held ID ('i': an in-flight slot at KEYS[k]; 'r': a reservation, whose
+-- counter is KEYS[k] and held IDs KEYS[k + 1]) gives its hold back: the
+-- third argument is the ID. Returns what the ID held (0: nothing).
+local function unhold(key, id)
+  local r = redis.call('GET', key)
+  if not r then return 0 end
+  local ok, held = pcall(cmsgpack.unpack, r)
+  if not ok or type(held) ~= 'table' then return 0 end
+  for j = 1, #held - 2, 3 do
+    if held[j] == id then
+      local amount = held[j + 1]
+      table.remove(held, j + 2)
+      table.remove(held, j + 1)
+      table.remove(held, j)
+      if #held == 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('SET', key, cmsgpack.pack(held), 'KEEPTTL')
+      end
+      return amount
+    end
+  end
+  return 0
+end
+
 local changed = 0
 local next_key = 1
 for i = 1, #ARGV / 3 do
@@ -41,7 +68,18 @@ for i = 1, #ARGV / 3 do
   local key = KEYS[next_key]
   next_key = next_key + 1
   local v = nil
-  if alg == 'l' then
+  if alg == 'i' then
+    if unhold(key, ARGV[(i - 1) * 3 + 3]) > 0 then changed = changed + 1 end
+  elseif alg == 'r' then
+    local held_key = KEYS[next_key]
+    next_key = next_key + 1
+    local amount = unhold(held_key, ARGV[(i - 1) * 3 + 3])
+    local counter = tonumber(redis.call('GET', key) or 'nil')
+    if amount > 0 and counter ~= nil then
+      redis.call('SET', key, string.format('%.0f', math.max(counter - amount, 0)), 'KEEPTTL')
+      changed = changed + 1
+    end
+  elseif alg == 'l' then
     changed = changed + refund_log(key, hits, interval)
   else
     v = tonumber(redis.call('GET', key) or 'nil')

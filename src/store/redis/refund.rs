@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use super::keys::{KeyNames, Slot, script_code};
+use super::keys::{KeyNames, Slot, check_code, script_code};
 use super::options::RedisOptions;
 use super::part::Group;
 use super::route::Route;
@@ -49,9 +49,13 @@ impl Refunds {
             let mut k = 0;
             for &i in &group.checks {
                 let c = &checks[i];
-                // The counter the hits went to: the first of the check's keys.
+                // The counter the hits went to: the first of the check's keys
+                // (and a reservation's held IDs, the second).
                 inv.key(&group.keys[k]);
-                k += KeyNames::count(c.algorithm);
+                if check_code(c) == b'r' {
+                    inv.key(&group.keys[k + 1]);
+                }
+                k += KeyNames::count_of(c);
                 let committed = if c.outcome.is_some_and(|o| o.allowed) {
                     c.charge()
                 } else {
@@ -73,9 +77,13 @@ impl Refunds {
             .filter(|c| c.outcome.is_some_and(|o| o.allowed) && c.charge() > 0)
             .map(|check| {
                 let mut inv = self.refund.prepare_invoke();
-                let window = check.quota.window_at(now);
-                // The counter the hits went to (see refund.lua).
-                inv.key(KeyNames::of(&self.prefix, &check.key, window.index).first());
+                // The counter the hits went to (see refund.lua), and a
+                // reservation's held IDs.
+                let names = KeyNames::of_check(&self.prefix, check, now);
+                let keys = if check_code(check) == b'r' { 2 } else { 1 };
+                for name in names.into_names().take(keys) {
+                    inv.key(&name);
+                }
                 refund_args(&mut inv, check, check.charge(), now);
                 async move { self.route.invoke(inv.slot(), &inv).await }
             });
@@ -122,6 +130,21 @@ impl Refunds {
 /// back, and the interval between a token bucket's tokens (µs) or, for a
 /// sliding log, the request's time `now` (µs: the entry its hits went to).
 fn refund_args(inv: &mut Invocation<'_>, check: &Check, hits: u64, now: Nanos) {
+    // A slot or a reservation gives its hold back by its ID; a release or a
+    // settlement reported what already happened and is never taken back.
+    if let Some(hold) = &check.hold {
+        match check_code(check) {
+            code @ (b'i' | b'r') if hits > 0 => {
+                inv.arg(char::from(code).to_string())
+                    .arg(hits)
+                    .arg(&*hold.id);
+            }
+            _ => {
+                inv.arg("f").arg(0).arg(1);
+            }
+        }
+        return;
+    }
     let third = match check.algorithm {
         Algorithm::SlidingLog => now / NANOS_PER_TICK,
         _ => {

@@ -116,8 +116,12 @@ impl Counters {
     ) -> Result<usize, StoreError> {
         let mut names = Vec::with_capacity(checks.len());
         for check in checks {
-            let window = check.quota.window_at(now).index;
-            names.extend(KeyNames::of(&self.prefix, &check.key, window).into_names());
+            let names_of = KeyNames::of_check(&self.prefix, check, now);
+            // A budget's reservations go with its counter.
+            if check.quota.budget && check.algorithm == crate::algorithm::Algorithm::FixedWindow {
+                names.push(format!("{}:h", names_of.first()));
+            }
+            names.extend(names_of.into_names());
         }
         self.delete(names).await
     }

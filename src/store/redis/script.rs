@@ -14,6 +14,7 @@ const ALGORITHMS: &str = concat!(
     include_str!("sliding_window.lua"),
     include_str!("token_bucket.lua"),
     include_str!("sliding_log.lua"),
+    include_str!("held.lua"),
 );
 
 /// Every script the store sends, each a `.lua` file beside this one.

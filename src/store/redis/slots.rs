@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::keys::{self, KeyNames, Slot, script_code};
+use super::keys::{self, KeyNames, Slot, check_code, script_code};
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
@@ -20,8 +20,9 @@ use super::receipt::Calls;
 use super::refund::Refunds;
 use super::route::Route;
 use crate::algorithm::{Algorithm, NANOS_PER_TICK, Outcome};
+use crate::calendar::Window;
 use crate::clock::Nanos;
-use crate::store::{Check, StoreError, refused};
+use crate::store::{Check, HoldCheck, StoreError, refused};
 
 /// A request's groups, one per hash slot it touches.
 pub(super) type Groups = SmallVec<[(Slot, Group); 2]>;
@@ -63,7 +64,7 @@ impl Exact {
         let mut names_of: SmallVec<[SmallVec<[String; 4]>; 2]> = SmallVec::new();
         for (i, check) in checks.iter().enumerate() {
             let window = check.quota.window_at(now);
-            let names = KeyNames::of(&self.prefix, &check.key, window.index);
+            let names = KeyNames::of_check(&self.prefix, check, now);
             let slot = if cluster {
                 keys::slot_of(names.first().as_bytes())
             } else {
@@ -188,6 +189,15 @@ impl Exact {
     fn part(&self, group: &Group, checks: &[Check], now: Nanos, spend: bool) -> Part {
         let args = group.checks.iter().zip(&group.windows).map(|(&i, window)| {
             let c = &checks[i];
+            let enforce = match (c.enforced, c.quota_mode) {
+                (false, _) => b'0',
+                (true, false) => b'1',
+                (true, true) if group.quota_here => b'q',
+                (true, true) => b'Q',
+            };
+            if let Some(hold) = &c.hold {
+                return held_check(c, hold, window, spend, enforce);
+            }
             let (start_or_period, end_or_burst) = match c.algorithm {
                 Algorithm::TokenBucket => (
                     (c.quota.period / NANOS_PER_TICK).max(1),
@@ -197,12 +207,6 @@ impl Exact {
                 _ => (window.start, window.end),
             };
             let hits = c.quota.hits(if spend { c.hits } else { 0 });
-            let enforce = match (c.enforced, c.quota_mode) {
-                (false, _) => b'0',
-                (true, false) => b'1',
-                (true, true) if group.quota_here => b'q',
-                (true, true) => b'Q',
-            };
             ScriptCheck {
                 code: script_code(c.algorithm).as_bytes()[0],
                 limit: c.quota.limit,
@@ -211,6 +215,7 @@ impl Exact {
                 cost: hits.cost,
                 charge: hits.charge,
                 enforce,
+                id: None,
             }
         });
         Part {
@@ -275,5 +280,38 @@ impl Exact {
         if let Err(error) = self.refunds.checks(checks, now).await {
             tracing::warn!(%error, "refund across the per-second Redis pool failed; the refused request's hits stay spent");
         }
+    }
+}
+
+/// A held-ID call's script arguments (see `held.lua`). Asked without
+/// spending (`spend: false`, a Cluster's second read), every such call is a
+/// release or a settlement of nothing for an ID no call can hold (the empty
+/// one): what is left, changing nothing.
+fn held_check(
+    c: &Check,
+    hold: &HoldCheck,
+    window: &Window,
+    spend: bool,
+    enforce: u8,
+) -> ScriptCheck {
+    let code = check_code(c);
+    let (code, id, charge) = match (spend, code) {
+        (true, b'i') => (code, &*hold.id, 1),
+        (true, b'r') => (code, &*hold.id, c.charge()),
+        (true, b'e') => (code, &*hold.id, c.quota.hits(c.hits).charge),
+        (true, _) => (code, &*hold.id, 0),
+        (false, b'i' | b'o') => (b'o', &[][..], 0),
+        (false, _) => (b'e', &[][..], 0),
+    };
+    let in_flight = matches!(code, b'i' | b'o');
+    ScriptCheck {
+        code,
+        limit: c.quota.limit,
+        start_or_period: if in_flight { c.quota.period_ticks() } else { 0 },
+        end_or_burst: if in_flight { 0 } else { window.end },
+        cost: charge.max(1),
+        charge,
+        enforce,
+        id: Some(id.into()),
     }
 }
