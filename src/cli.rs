@@ -95,7 +95,11 @@ fn check(args: &CheckArgs) -> ExitCode {
     // of several units, Envoy's x-ratelimit headers state the base unit's
     // window (Tollgate's own RateLimit-Policy is exact).
     for rule in rules.rules() {
-        if let Some(limit) = rule.limit.filter(|l| l.unit_multiplier > 1) {
+        // (An in-flight cap's multiplier is its longest hold, not a window.)
+        if let Some(limit) = rule
+            .limit
+            .filter(|l| l.unit_multiplier > 1 && l.held.is_none())
+        {
             let unit = limit.unit.period_name(1, None);
             eprintln!(
                 "warning: {} ({}): a window of {} {unit}s is sent to Envoy as per {unit} (Envoy's RateLimit has no multiplier), so Envoy's x-ratelimit-limit says w={} where the window is {} s; Tollgate's RateLimit-Policy header says the truth",

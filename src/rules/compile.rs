@@ -213,7 +213,7 @@ impl Compiler {
                     super::OverLimit::Refuse
                 }
             };
-            if limits.is_empty() && children.is_empty() {
+            if limits.is_empty() && children.is_empty() && in_flight.is_none() {
                 self.warnings.push(err(format!(
                     "'{path}' has neither a limit nor children: a request it matches is \
                      answered OK, unlimited (say so with rate_limit: {{unlimited: true}}, \

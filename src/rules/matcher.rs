@@ -232,6 +232,14 @@ fn reach<'a>(level: &'a Level, shape: &[ShapeEntry<'_>], found: &mut Vec<&'a Arc
         if may_end || lane_ends {
             found.extend(node.rules.iter());
         }
+        // A request ID's entry, last, reaches the node's held rules.
+        if let Some((e, after)) = rest.split_first()
+            && super::held::HOLD_KEYS.contains(&e.key)
+            && after.iter().all(|e| e.optional)
+            && !node.children.keys.contains_key(e.key)
+        {
+            found.extend(node.held_for(e.key).iter());
+        }
         if !rest.is_empty() && !node.children.keys.is_empty() {
             reach(&node.children, rest, found);
         }

@@ -174,6 +174,28 @@ impl Limit {
         self.unit.seconds() * u64::from(self.unit_multiplier.max(1))
     }
 
+    /// The limit in a few words, as reports show it: `100/minute
+    /// sliding_window`, `5 in flight, each held 600 s at most`.
+    pub fn summary(&self) -> String {
+        if self.held == Some(HeldKind::InFlight) {
+            return format!(
+                "{} in flight, each held {} s at most",
+                self.requests_per_unit, self.unit_multiplier
+            );
+        }
+        let reserve = if self.held == Some(HeldKind::Reserve) {
+            ", reserved"
+        } else {
+            ""
+        };
+        format!(
+            "{}/{} {}{reserve}",
+            self.requests_per_unit,
+            self.period_name(),
+            self.algorithm
+        )
+    }
+
     /// The period as people read it (see [`Unit::period_name`]).
     pub fn period_name(&self) -> String {
         self.unit
@@ -298,6 +320,7 @@ impl fmt::Display for Rule {
         write!(f, "{}: ", printable(&self.path))?;
         match &self.limit {
             None => f.write_str("unlimited")?,
+            Some(l) if l.held == Some(HeldKind::InFlight) => f.write_str(&l.summary())?,
             Some(l) => {
                 write!(
                     f,
@@ -306,6 +329,9 @@ impl fmt::Display for Rule {
                     l.period_name(),
                     l.algorithm
                 )?;
+                if l.held == Some(HeldKind::Reserve) {
+                    f.write_str(", reserved")?;
+                }
                 if l.algorithm == Algorithm::TokenBucket {
                     write!(f, ", burst {}", l.burst)?;
                 }

@@ -303,3 +303,37 @@ descriptors:
         None
     );
 }
+
+#[test]
+fn check_envoy_config_reaches_the_held_rules_through_their_last_entry() {
+    let rules = RuleSet::from_yaml(
+        "domain: d
+descriptors:
+  - key: k
+    in_flight: {limit: 5, max_hold_seconds: 60}
+  - key: t
+    rate_limit: {name: tokens, unit: hour, requests_per_unit: 99, algorithm: fixed_window, budget: true, reserve: true}
+",
+    )
+    .expect("loads");
+    let entry = |key| ShapeEntry {
+        key,
+        value: None,
+        optional: false,
+    };
+    let reached = |shape: &[ShapeEntry<'_>]| {
+        rules
+            .reachable("d", shape)
+            .iter()
+            .map(|r| r.policy_name.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        reached(&[entry("k"), entry("request_id")]),
+        ["d.k/in_flight"]
+    );
+    assert_eq!(reached(&[entry("k"), entry("release")]), ["d.k/in_flight"]);
+    assert_eq!(reached(&[entry("t"), entry("settle")]), ["tokens"]);
+    assert_eq!(reached(&[entry("t"), entry("request_id")]), ["tokens"]);
+    assert!(reached(&[entry("k"), entry("settle")]).is_empty());
+}

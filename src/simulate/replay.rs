@@ -52,12 +52,7 @@ pub(crate) fn replay<E: Borrow<Event>>(
             result: RuleResult {
                 rule: rule.path.clone(),
                 name: rule.name.clone(),
-                limit: format!(
-                    "{}/{} {}",
-                    limit.requests_per_unit,
-                    limit.period_name(),
-                    limit.algorithm
-                ),
+                limit: limit.summary(),
                 limit_per_second: f64::from(limit.requests_per_unit)
                     / limit.period_seconds() as f64,
                 requests: 0,

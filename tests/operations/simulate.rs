@@ -442,3 +442,46 @@ fn held_traffic_past_max_events_is_refused_before_it_starts() {
         started.elapsed()
     );
 }
+
+/// An in-flight cap replayed: takes refused while the cap is full, a
+/// release freeing its own slot, the cap named as such in the report.
+#[test]
+fn an_in_flight_cap_replays_its_takes_and_releases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: ws\ndescriptors:\n  - key: user\n    in_flight: {limit: 2, max_hold_seconds: 60}\n",
+    )
+    .expect("rules");
+    let line = |t: u64, entry: &str, id: &str| {
+        format!(
+            r#"{{"timestamp": {t}, "domain": "ws", "descriptors": [{{"entries": [{{"key": "user", "value": "ann"}}, {{"key": "{entry}", "value": "{id}"}}]}}]}}"#
+        )
+    };
+    let mut traffic: Vec<String> = (0..6)
+        .map(|i| line(1_700_000_000 + i, "request_id", &format!("r{i}")))
+        .collect();
+    traffic.push(line(1_700_000_010, "release", "r3"));
+    traffic.push(line(1_700_000_011, "request_id", "r8"));
+    traffic.push(line(1_700_000_012, "release", "r0"));
+    traffic.push(line(1_700_000_013, "request_id", "r9"));
+    let file = dir.path().join("traffic.jsonl");
+    std::fs::write(&file, traffic.join("\n") + "\n").expect("traffic");
+    let out = dir.path().join("out");
+    let (stdout, _) = simulate(&[
+        "--rules",
+        rules.to_str().expect("utf-8"),
+        "--traffic",
+        file.to_str().expect("utf-8"),
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        stdout.contains("2 in flight, each held 60 s at most"),
+        "{stdout}"
+    );
+    // r0, r1 in; r2-r5 refused; r3's release (refused) frees nothing, so
+    // r8 is refused; r0's frees one, for r9.
+    assert_eq!(per_rule(&summary(&out), 0)["ws.user"], (10, 5));
+}
