@@ -21,8 +21,9 @@ use crate::clock::Nanos;
 /// One held ID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
-    /// The request's ID, as Envoy sent it.
-    pub id: Box<[u8]>,
+    /// The request's ID, as Envoy sent it; shared, so that a call copies a
+    /// list of them without copying each ID.
+    pub id: std::sync::Arc<[u8]>,
     /// What it holds: 1 for an in-flight slot, the hits reserved otherwise.
     pub amount: u64,
     /// When the hold lapses by itself (ticks).
