@@ -13,6 +13,7 @@ mod admin_browser;
 mod admin_tokens;
 mod candidate;
 mod docs;
+mod durable;
 mod image;
 mod layers;
 mod limited;

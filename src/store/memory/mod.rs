@@ -17,6 +17,7 @@
 //! active in the last window, and by `max_keys` in any case.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
@@ -24,6 +25,12 @@ use smallvec::SmallVec;
 use super::{Check, CounterKey, ScopeTag, StoreError, decide_batch};
 use crate::algorithm::{Algorithm, Logged, State, append};
 use crate::clock::{NANOS_PER_SEC, Nanos};
+
+mod persistence;
+mod snapshot;
+
+pub use persistence::{DataEvents, Persistence};
+pub use snapshot::{Counter, Keyed, LogCopy, ShardCopy};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +117,8 @@ pub struct MemoryStore {
     max_keys: usize,
     seed: u64,
     hasher: KeyHasher,
+    /// The data directory's writer, when the counters are kept on disk.
+    persistence: Option<Arc<Persistence>>,
 }
 
 impl MemoryStore {
@@ -130,6 +139,7 @@ impl MemoryStore {
             max_keys: options.max_keys,
             seed,
             hasher,
+            persistence: None,
         }
     }
 
@@ -286,6 +296,141 @@ impl MemoryStore {
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// For a data directory (`store::durable`): the state copied out and put
+/// back, by the keys' hashes, with the seed that made them.
+impl MemoryStore {
+    /// A store whose counters a data directory keeps: `seed` is the one
+    /// its saved counters were hashed with.
+    pub fn durable(options: MemoryStoreOptions, seed: u64, persistence: Arc<Persistence>) -> Self {
+        let mut store = Self::with_hasher(options, seed, xxh3);
+        store.persistence = Some(persistence);
+        store
+    }
+
+    /// The hash seed of the keys.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The number of shards ([`MemoryStore::copy_shard`] takes each).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The data directory's writer, if the counters are kept on disk.
+    pub fn persistence(&self) -> Option<&Arc<Persistence>> {
+        self.persistence.as_ref()
+    }
+
+    /// Waits until what was deleted before this call is deleted on disk
+    /// too (an operator's reset), when the counters are kept on disk.
+    pub async fn persisted(&self) {
+        if let Some(p) = &self.persistence
+            && !p.flushed().await
+        {
+            tracing::warn!(
+                "a reset is done in memory but not yet in the data directory (see the log and /healthcheck)"
+            );
+        }
+    }
+
+    /// Copies shard `index`'s state that still matters at `now_secs` into
+    /// `out` (emptied first). The shard is locked for the copy only.
+    pub fn copy_shard(&self, index: usize, now_secs: u32, out: &mut ShardCopy) {
+        out.clear();
+        let Some(shard) = self.shards.get(index) else {
+            return;
+        };
+        let shard = shard.lock();
+        let live = |expires: u32| expires > now_secs;
+        out.counters.extend(
+            shard
+                .table
+                .iter()
+                .filter(|e| live(e.expires))
+                .map(|e| Counter {
+                    hash: e.hash,
+                    check: e.check,
+                    expires: e.expires,
+                    scope: e.scope,
+                    state: e.state,
+                }),
+        );
+        out.overflow
+            .extend(
+                shard
+                    .overflow
+                    .iter()
+                    .filter(|(_, s)| live(s.expires))
+                    .map(|(k, s)| Keyed {
+                        key: k.clone(),
+                        expires: s.expires,
+                        scope: s.scope,
+                        state: s.state,
+                    }),
+            );
+        out.logs.extend(
+            shard
+                .logs
+                .iter()
+                .filter(|(_, s)| live(s.expires))
+                .map(|(k, s)| LogCopy {
+                    key: k.clone(),
+                    expires: s.expires,
+                    scope: s.scope,
+                    log: s.log.clone(),
+                }),
+        );
+    }
+
+    /// Puts saved state back, each key into its shard (a key held already
+    /// takes the saved state). Returns how many keys were put.
+    pub fn restore(&self, copy: ShardCopy) -> usize {
+        let mask = self.shards.len() - 1;
+        let put = copy.len();
+        for c in copy.counters {
+            let mut shard = self.shards[((c.hash >> 32) as usize) & mask].lock();
+            let entry = Entry {
+                hash: c.hash,
+                check: c.check,
+                expires: c.expires,
+                state: c.state,
+                scope: c.scope,
+            };
+            match shard.table.find_mut(c.hash, |e| e.hash == c.hash) {
+                Some(e) => *e = entry,
+                None => {
+                    shard.table.insert_unique(c.hash, entry, |e| e.hash);
+                }
+            }
+        }
+        let shard_of = |key: &[u8]| (((self.hasher)(self.seed, key) >> 96) as usize) & mask;
+        for k in copy.overflow {
+            let slot = Slot {
+                state: k.state,
+                expires: k.expires,
+                scope: k.scope,
+            };
+            self.shards[shard_of(&k.key)]
+                .lock()
+                .overflow
+                .insert(k.key, slot);
+        }
+        for l in copy.logs {
+            let slot = LogSlot {
+                log: l.log,
+                expires: l.expires,
+                scope: l.scope,
+            };
+            self.shards[shard_of(&l.key)]
+                .lock()
+                .logs
+                .insert(l.key, slot);
+        }
+        put
     }
 }
 
