@@ -14,6 +14,7 @@ mod admin_tokens;
 mod candidate;
 mod docs;
 mod durable;
+mod durable_faults;
 mod image;
 mod layers;
 mod limited;
