@@ -96,8 +96,7 @@ pub(super) fn decode(bytes: &[u8], out: &mut ShardCopy) -> Result<(), &'static s
         });
     }
     for _ in 0..r.count(4)? {
-        let key = r.key()?;
-        let (expires, scope) = (r.u32()?, r.u64()?);
+        let (key, expires, scope) = r.keyed()?;
         let state = r.state()?;
         out.overflow.push(Keyed {
             key,
@@ -107,14 +106,16 @@ pub(super) fn decode(bytes: &[u8], out: &mut ShardCopy) -> Result<(), &'static s
         });
     }
     for _ in 0..r.count(4)? {
-        let key = r.key()?;
-        let (expires, scope) = (r.u32()?, r.u64()?);
+        let (key, expires, scope) = r.keyed()?;
         let m = r.count(12)?;
-        let mut log = Vec::with_capacity(m);
-        for _ in 0..m {
-            let (at, hits) = (r.u64()?, r.u32()?);
-            log.push(Logged { at, hits });
-        }
+        let log = (0..m)
+            .map(|_| {
+                Ok(Logged {
+                    at: r.u64()?,
+                    hits: r.u32()?,
+                })
+            })
+            .collect::<Result<Vec<_>, &'static str>>()?;
         out.logs.push(LogCopy {
             key,
             expires,
@@ -165,6 +166,11 @@ impl Reader<'_> {
         let (key, rest) = self.0.split_at(len);
         self.0 = rest;
         Ok(key.into())
+    }
+
+    /// A keyed record's head: its key, expiry and owner.
+    fn keyed(&mut self) -> Result<(Box<[u8]>, u32, u64), &'static str> {
+        Ok((self.key()?, self.u32()?, self.u64()?))
     }
 
     fn state(&mut self) -> Result<State, &'static str> {

@@ -359,31 +359,26 @@ impl MemoryStore {
                     state: e.state,
                 }),
         );
-        out.overflow
-            .extend(
-                shard
-                    .overflow
-                    .iter()
-                    .filter(|(_, s)| live(s.expires))
-                    .map(|(k, s)| Keyed {
-                        key: k.clone(),
-                        expires: s.expires,
-                        scope: s.scope,
-                        state: s.state,
-                    }),
-            );
-        out.logs.extend(
-            shard
-                .logs
-                .iter()
-                .filter(|(_, s)| live(s.expires))
-                .map(|(k, s)| LogCopy {
-                    key: k.clone(),
-                    expires: s.expires,
-                    scope: s.scope,
-                    log: s.log.clone(),
-                }),
-        );
+        for (key, s) in shard.overflow.iter().filter(|(_, s)| live(s.expires)) {
+            let (expires, scope, state) = (s.expires, s.scope, s.state);
+            let key = key.clone();
+            out.overflow.push(Keyed {
+                key,
+                expires,
+                scope,
+                state,
+            });
+        }
+        for (key, s) in shard.logs.iter().filter(|(_, s)| live(s.expires)) {
+            let (expires, scope, log) = (s.expires, s.scope, s.log.clone());
+            let key = key.clone();
+            out.logs.push(LogCopy {
+                key,
+                expires,
+                scope,
+                log,
+            });
+        }
     }
 
     /// Puts saved state back, each key into its shard (a key held already
@@ -408,27 +403,28 @@ impl MemoryStore {
             }
         }
         let shard_of = |key: &[u8]| (((self.hasher)(self.seed, key) >> 96) as usize) & mask;
+        let lock = |key: &[u8]| self.shards[shard_of(key)].lock();
         for k in copy.overflow {
-            let slot = Slot {
-                state: k.state,
-                expires: k.expires,
-                scope: k.scope,
-            };
-            self.shards[shard_of(&k.key)]
-                .lock()
-                .overflow
-                .insert(k.key, slot);
+            let (state, expires, scope) = (k.state, k.expires, k.scope);
+            lock(&k.key).overflow.insert(
+                k.key,
+                Slot {
+                    state,
+                    expires,
+                    scope,
+                },
+            );
         }
         for l in copy.logs {
-            let slot = LogSlot {
-                log: l.log,
-                expires: l.expires,
-                scope: l.scope,
-            };
-            self.shards[shard_of(&l.key)]
-                .lock()
-                .logs
-                .insert(l.key, slot);
+            let (log, expires, scope) = (l.log, l.expires, l.scope);
+            lock(&l.key).logs.insert(
+                l.key,
+                LogSlot {
+                    log,
+                    expires,
+                    scope,
+                },
+            );
         }
         put
     }
