@@ -9,6 +9,7 @@
 #   PAIRS=10 loadtest/ab.sh /tmp/before target/release
 #   SERVE_ARGS="--candidate-rules loadtest/rules-grpc.yaml" loadtest/ab.sh A B   # more serve flags, both sides
 #   RULES=loadtest/rules-grpc-refused.yaml loadtest/ab.sh A B                   # other rules (default rules-grpc.yaml)
+#   SERVE_ARGS_B="--data-dir /tmp/ab-data" loadtest/ab.sh A A                    # one build, a flag on B's side only
 # Keep a build for later with: cp target/release/tollgate{,-load} /tmp/before/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +30,10 @@ echo "B: $("$2/tollgate" --version)"
 for i in $(seq 1 "${PAIRS:-5}"); do
     for side in A B; do
         dir=$1; [ "$side" = B ] && dir=$2
+        side_args=; [ "$side" = B ] && side_args=${SERVE_ARGS_B:-}
         port=$(free_port)
         taskset -c 0 "$dir/tollgate" serve --rules "${RULES:-loadtest/rules-grpc.yaml}" --grpc-addr "127.0.0.1:$port" \
-            --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 ${SERVE_ARGS:-} >/dev/null 2>&1 &
+            --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 ${SERVE_ARGS:-} $side_args >/dev/null 2>&1 &
         server=$!
         wait_port "$port"
         hot=$(taskset -c 1 h2load -D 6 --warm-up-time 2 -c 16 -m 4 -t 1 -d "$work/body.bin" \

@@ -77,8 +77,14 @@ impl Health {
             }
             Err(e) => Err(format!("store: {e}")),
         };
+        // A data directory that cannot be written: decisions go on from
+        // memory (ready), and the note says a crash would lose counts.
+        let data = (limiter.store().as_memory())
+            .and_then(|m| m.persistence())
+            .and_then(|p| p.failing())
+            .map(|why| format!("data directory not written ({why}); counters kept in memory"));
         match store {
-            Ok(()) => Ok(None),
+            Ok(()) => Ok(data),
             Err(reason) if limiter.options().unavailable_on_store_error => Err(reason),
             Err(reason) => Ok(Some(format!("{reason}; answering from failure modes"))),
         }

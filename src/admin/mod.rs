@@ -151,6 +151,9 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         admin_auth_failures: s.access.failures.total(),
         admin_auth_throttled: s.access.failures.throttled_total(),
         redis: s.limiter.store().events(),
+        data: (s.limiter.store().as_memory())
+            .and_then(|m| m.persistence())
+            .map(|p| p.events()),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

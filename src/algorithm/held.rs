@@ -14,8 +14,8 @@
 //!
 //! Times are in ticks (see the module docs of `algorithm`).
 
-use super::quota::{Outcome, Quota, State, clamp_u32};
-use super::{Algorithm, NANOS_PER_TICK};
+use super::fixed_window;
+use super::quota::{NANOS_PER_TICK, Outcome, Quota, State, clamp_u32};
 use crate::clock::Nanos;
 
 /// One held ID.
@@ -188,7 +188,16 @@ pub fn reserve(
             ..*quota
         };
         let amount = hits.max(1);
-        let mut outcome = Algorithm::FixedWindow.decide(state, &plain, now, amount);
+        let decided =
+            fixed_window::decide(state, &plain.ticked(), window, now_t, plain.hits(amount));
+        // In nanoseconds, as every outcome leaves the algorithms.
+        let mut outcome = Outcome {
+            wait: decided.wait.saturating_mul(NANOS_PER_TICK),
+            commit: decided
+                .commit
+                .map(|(s, at)| (s, at.saturating_mul(NANOS_PER_TICK))),
+            ..decided
+        };
         if mine.is_some() {
             // A second reservation for one ID: refused, as a second take.
             outcome.allowed = false;

@@ -68,7 +68,8 @@ impl Limiter {
                 None
             };
             for rule in matched.rules {
-                let hold = hold.and_then(|(key, id)| Some((crate::rules::op_for(key, rule)?, id)));
+                let hold =
+                    hold.and_then(|(key, id)| Some((crate::rules::held::op_for(key, rule)?, id)));
                 let Some(limit) = rule.limit else {
                     // `unlimited: true`: never counted; the reference reports the
                     // most it can as remaining.

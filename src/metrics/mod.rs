@@ -31,6 +31,7 @@ pub(crate) fn count_protocol_error() {
 use parking_lot::RwLock;
 
 pub(crate) mod candidate;
+mod data;
 pub(crate) mod exposition;
 mod histogram;
 mod labels;
@@ -104,6 +105,8 @@ pub(crate) struct Others {
     pub admin_auth_throttled: u64,
     /// The Redis store's background work (`None` off Redis).
     pub redis: Option<crate::store::redis::RedisEvents>,
+    /// The data directory's writes (`None` without `--data-dir`).
+    pub data: Option<crate::store::memory::DataEvents>,
 }
 
 /// Every metric of the process.
@@ -255,6 +258,9 @@ impl Metrics {
         }
         if let Some(redis) = &others.redis {
             write_redis_events(&mut e, redis);
+        }
+        if let Some(d) = &others.data {
+            data::render(&mut e, d);
         }
         e.counter(
             "tollgate_admin_refused_total",

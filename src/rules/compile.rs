@@ -322,7 +322,18 @@ impl Compiler {
                 pos,
             ))
         });
-        super::held::check_node((path, key), node, cap.is_some(), pos, &mut err);
+        let reserves = node.rules.iter().any(|r| {
+            r.limit
+                .is_some_and(|l| l.held == Some(super::HeldKind::Reserve))
+        });
+        let child_has = |k: &str| node.children.keys.contains_key(k);
+        let lane_key = node.lanes.as_ref().map(|l| &*l.key);
+        let holds = (
+            cap.is_some() || reserves,
+            &child_has as &dyn Fn(&str) -> bool,
+            lane_key,
+        );
+        super::held::check_node((path, key), holds, pos, &mut err);
         if let Some(rule) = cap {
             let rule = Arc::new(Rule {
                 index: self.rules.len(),

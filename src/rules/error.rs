@@ -53,3 +53,7 @@ impl fmt::Display for RuleErrors {
 }
 
 impl std::error::Error for RuleErrors {}
+
+/// Where a problem is, and what it is: how the rule compiler's parts
+/// report what they find.
+pub(super) type ErrorSink<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);

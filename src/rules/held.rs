@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use serde_saphyr::Spanned;
 
+use super::error::ErrorSink;
 use super::file::{RawDescriptor, RawInFlight, RawRateLimit, at};
-use super::limit::ErrorSink;
-use super::matcher::Node;
 use super::{HeldKind, Limit, LoadOptions, OverLimit, Rule, Source, Unit};
 use crate::algorithm::{Algorithm, HoldOp};
 
@@ -21,7 +20,7 @@ pub(crate) const HOLD_KEYS: [&str; 3] = ["request_id", "release", "settle"];
 
 /// The longest `max_hold_seconds`: a day. A slot Envoy never released is
 /// held this long at most.
-pub const MAX_HOLD_SECONDS: u32 = 86_400;
+pub(crate) const MAX_HOLD_SECONDS: u32 = 86_400;
 
 /// The operation a descriptor's last entry asks of `rule` (`None`: the
 /// entry does not concern it).
@@ -172,24 +171,23 @@ pub(super) fn in_flight_rule(
     }
 }
 
-/// A node that holds IDs: no child or lane may use a hold key (a request
-/// could mean either), and its own key is not one.
+/// Which keys a node's children use.
+pub(super) type ChildKeys<'a> = &'a dyn Fn(&str) -> bool;
+
+/// A node that holds IDs (`in_flight` or a reserved budget): no child
+/// (`child_has` says which keys its children use) or lane may use a hold
+/// key (a request could mean either), and its own key is not one.
 pub(super) fn check_node(
     (path, key): (&str, &str),
-    node: &Node,
-    in_flight: bool,
+    (holds, child_has, lane_key): (bool, ChildKeys<'_>, Option<&str>),
     pos: Option<(u32, u32)>,
     err: ErrorSink<'_>,
 ) {
-    let reserves = node
-        .rules
-        .iter()
-        .any(|r| r.limit.is_some_and(|l| l.held == Some(HeldKind::Reserve)));
-    if !in_flight && !reserves {
+    if !holds {
         return;
     }
     for hold in HOLD_KEYS {
-        if node.children.keys.contains_key(hold) {
+        if child_has(hold) {
             err(
                 pos,
                 format!(
@@ -197,7 +195,7 @@ pub(super) fn check_node(
                 ),
             );
         }
-        if node.lanes.as_ref().is_some_and(|l| *l.key == *hold) {
+        if lane_key == Some(hold) {
             err(
                 pos,
                 format!("the lane key of '{path}' is '{hold}', which names a request ID here"),

@@ -3,8 +3,8 @@
 
 use serde_saphyr::Spanned;
 
+use super::error::ErrorSink;
 use super::file::{RawLanes, at};
-use super::limit::ErrorSink;
 use super::matcher::{Lanes, Node};
 
 /// A descriptor's `lanes`, checked against the node they share: its

@@ -3,14 +3,12 @@
 //! failure mode, unit multiplier, calendar, budget). Every problem is
 //! reported with its place; `None` means at least one was.
 
+use super::error::ErrorSink;
 use super::file::RawRateLimit;
 use super::file::at;
 use super::{FailureMode, Limit, LoadOptions, MAX_PERIOD_SECONDS, Unit};
 use crate::algorithm::Algorithm;
 use crate::calendar::Zone;
-
-/// Where a problem is, and what it is.
-pub(super) type ErrorSink<'a> = &'a mut dyn FnMut(Option<(u32, u32)>, String);
 
 /// The limit of `rl` (on the descriptor `path`, written at `pos`), or `None`
 /// for `unlimited: true` and after reporting a problem (the caller tells

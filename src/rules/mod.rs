@@ -7,7 +7,7 @@ mod compile;
 mod error;
 mod file;
 mod glob;
-mod held;
+pub(crate) mod held;
 mod lanes;
 mod limit;
 mod load;
@@ -26,8 +26,6 @@ use crate::clock::NANOS_PER_SEC;
 
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
-pub use held::MAX_HOLD_SECONDS;
-pub(crate) use held::op_for;
 pub use load::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG,
     LoadOptions, load_paths, load_sources, rule_files,

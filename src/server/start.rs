@@ -12,6 +12,7 @@ use crate::rlqs::Quotas;
 use crate::rules::{load_paths, load_sources};
 use crate::server::{CandidateRules, HotReload};
 use crate::settings::{OnOff, ServeArgs, StoreOptions};
+use crate::store::durable::Opened;
 use crate::store::redis::RedisStore;
 use crate::store::{Store, StoreError};
 
@@ -19,7 +20,12 @@ use crate::store::{Store, StoreError};
 /// says what stopped start-up (or the server).
 pub(crate) fn serve_from_settings(args: &ServeArgs) -> Result<(), String> {
     let (serve, otel) = prepare(args)?;
+    let limiter = serve.limiter.clone();
     let served = super::run(serve, super::shutdown_signal()).map_err(|e| e.to_string());
+    // Decisions have stopped: the data directory's last flush.
+    let persistence = limiter.store().as_memory().and_then(|m| m.persistence());
+    let saved = persistence.map_or(Ok(()), |p| p.close());
+    let served = served.and(saved);
     // Spans still buffered are sent before the process ends.
     if let Some(otel) = otel.and_then(|o| Arc::try_unwrap(o).ok()) {
         otel.shutdown();
@@ -38,7 +44,8 @@ pub(crate) fn prepare(
     let metrics = Arc::new(Metrics::new(args.max_metric_series, args.max_label_bytes));
     let xds = args.xds.options(args.load_options())?;
     let rules = initial_rules(args, xds.as_ref())?;
-    let store = build_store(args).map_err(|e| format!("{e}; not starting"))?;
+    let (store, data) =
+        build_store(args, &rules, xds.is_some()).map_err(|e| format!("{e}; not starting"))?;
     let options = args.limiter_options();
     let clock = Arc::new(SystemClock);
     let limiter = Arc::new(Limiter::with_metrics(
@@ -48,6 +55,13 @@ pub(crate) fn prepare(
         options,
         metrics.clone(),
     ));
+    if let Some(data) = data {
+        data.start(
+            limiter.clone(),
+            |l| l.store().as_memory(),
+            |l| l.clock().now(),
+        )?;
+    }
     let tls = tls(args)?;
     let (grpc, admin) = listeners(args)?;
     let reference_metrics = reference_metrics(args)?;
@@ -306,9 +320,22 @@ fn reference_metrics(args: &ServeArgs) -> Result<Option<super::ReferenceMetrics>
 /// The store the settings ask for; a Redis store is probed once (a Redis
 /// down at start is an outage like any other: Tollgate starts and answers
 /// from the failure modes).
-fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
+fn build_store(
+    args: &ServeArgs,
+    rules: &crate::rules::RuleSet,
+    xds: bool,
+) -> Result<(Store, Option<Opened>), StoreError> {
     let options = match args.store_options().map_err(StoreError::Config)? {
-        StoreOptions::Memory(options) => return Ok(Store::memory(options)),
+        StoreOptions::Memory(options) => match args.data.options() {
+            None => return Ok((Store::memory(options), None)),
+            Some(data) => {
+                let keep = kept_scopes(rules, xds);
+                let now = crate::clock::Clock::now(&SystemClock);
+                let (store, opened) = crate::store::durable::open(&data, options, &keep, now)
+                    .map_err(StoreError::Config)?;
+                return Ok((Store::Memory(store), Some(opened)));
+            }
+        },
         StoreOptions::Redis(options) => *options,
     };
     // `rediss://` connections need a process-wide TLS crypto provider; the
@@ -346,7 +373,21 @@ fn build_store(args: &ServeArgs) -> Result<Store, StoreError> {
         ),
         Err(e) => tracing::warn!(url = %args.redis_url, error = %e, "Redis does not answer yet"),
     }
-    Ok(Store::Redis(store))
+    Ok((Store::Redis(store), None))
+}
+
+/// Which saved counters a restart keeps: those of the rules in force (by
+/// their owner tags, which a changed limit keeps, as a reload does) and the
+/// limits that requests of a known domain bring; all of them when the rules
+/// come from xDS, which has sent none yet.
+fn kept_scopes(rules: &crate::rules::RuleSet, xds: bool) -> impl Fn(u64) -> bool {
+    use crate::store::scope_tag;
+    let mut tags: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for rule in rules.rules() {
+        tags.insert(scope_tag(&rule.domain, Some(&rule.path)));
+        tags.insert(scope_tag(&rule.domain, None));
+    }
+    move |tag| xds || tags.contains(&tag)
 }
 
 /// This process's name among the instances sharing a store: host name,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod data;
 mod limited;
 mod load;
 mod otel;
@@ -22,6 +23,7 @@ mod unknown;
 mod values;
 mod xds;
 
+pub(crate) use data::DataArgs;
 pub(crate) use limited::{AdminReads, LimitedArgs};
 pub use load::Env;
 pub(crate) use load::{LoadError, load};
@@ -345,22 +347,21 @@ pub(crate) struct ServeArgs {
     /// Rules over xDS.
     #[command(flatten)]
     pub xds: XdsArgs,
-
     /// Who is being limited: /limited, /counters, /ui.
     #[command(flatten)]
     pub limited: LimitedArgs,
-
     /// The reference's stats.
     #[command(flatten)]
     pub stats: StatsArgs,
-
     /// Tracing.
     #[command(flatten)]
     pub otel: OtelArgs,
-
     /// Quota service (RLQS).
     #[command(flatten)]
     pub rlqs: RlqsArgs,
+    /// The memory store's data directory.
+    #[command(flatten)]
+    pub data: DataArgs,
 
     /// Admitted hits above this share of a limit count as near the limit.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]

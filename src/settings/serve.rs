@@ -59,6 +59,9 @@ impl ServeArgs {
     pub(crate) fn store_options(&self) -> Result<StoreOptions, String> {
         let nodes =
             |list: &str| -> Vec<String> { list.split(',').map(|s| s.trim().to_owned()).collect() };
+        if self.store != StoreKind::Memory && self.data.dir.is_some() {
+            return Err("--data-dir keeps the memory store's counters; a Redis store keeps its own: drop --data-dir, or use --store memory".into());
+        }
         let target = match self.store {
             StoreKind::Memory => {
                 if self.redis_per_second_url.is_some() {

@@ -3,6 +3,7 @@
 //! none is. Being denied is a value; `Err` means the store could not decide.
 
 mod batch;
+pub(crate) mod durable;
 mod key;
 pub mod memory;
 pub mod redis;
@@ -219,9 +220,15 @@ impl Store {
     pub async fn reset(&self, scope: ResetScope<'_>, now: Nanos) -> Result<usize, ResetError> {
         match (self, scope) {
             (Store::Memory(store), ResetScope::Keys(checks)) => {
-                Ok(store.remove(checks.iter().map(|c| &c.key)))
+                let removed = store.remove(checks.iter().map(|c| &c.key));
+                store.persisted().await;
+                Ok(removed)
             }
-            (Store::Memory(store), ResetScope::Bulk { tag, .. }) => Ok(store.remove_scope(tag)),
+            (Store::Memory(store), ResetScope::Bulk { tag, .. }) => {
+                let removed = store.remove_scope(tag);
+                store.persisted().await;
+                Ok(removed)
+            }
             (Store::Redis(store), ResetScope::Keys(checks)) => {
                 store.reset(checks, now).await.map_err(ResetError::Store)
             }

@@ -13,6 +13,8 @@ mod admin_browser;
 mod admin_tokens;
 mod candidate;
 mod docs;
+mod durable;
+mod durable_faults;
 mod image;
 mod layers;
 mod limited;

@@ -188,6 +188,54 @@ fn overlays_build_hardened_manifests_whose_rules_pass_tollgate_check() {
     }
 }
 
+/// The durable overlay: one hardened StatefulSet (no Deployment) whose pod
+/// keeps its counters on a volume of its own, mounted where
+/// TOLLGATE_DATA_DIR points.
+#[test]
+fn the_durable_overlay_keeps_the_counters_on_a_claimed_volume() {
+    let docs = overlay("durable");
+    let kind = |k: &str| docs.iter().filter(|d| d["kind"] == k).count();
+    assert_eq!((kind("Deployment"), kind("StatefulSet")), (0, 1));
+    assert!(kind("Service") == 1 && kind("PodDisruptionBudget") == 1);
+    let rule_files: usize = docs
+        .iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .map(|d| rules_pass_check(d, "durable"))
+        .sum();
+    assert!(rule_files > 0, "rules");
+    let set = docs
+        .iter()
+        .find(|d| d["kind"] == "StatefulSet")
+        .expect("the StatefulSet");
+    assert_hardened(set, "durable");
+    assert_eq!(
+        set["spec"]["replicas"], 1,
+        "one replica: the counters are its own"
+    );
+    assert_eq!(set["spec"]["serviceName"], "tollgate");
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_value(container, "TOLLGATE_STORE"), Some("memory"));
+    assert_eq!(env_value(container, "TOLLGATE_INSTANCES"), Some("1"));
+    let dir = env_value(container, "TOLLGATE_DATA_DIR").expect("TOLLGATE_DATA_DIR");
+    let mounts = container["volumeMounts"].as_array().expect("mounts");
+    let mount = mounts
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .expect("a volume mounted at the data directory");
+    assert_ne!(mount["readOnly"], true, "{mount}");
+    let claim = &set["spec"]["volumeClaimTemplates"][0];
+    assert_eq!(
+        claim["metadata"]["name"], mount["name"],
+        "the claim is what is mounted"
+    );
+    assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteOnce");
+    assert!(claim["spec"]["resources"]["requests"]["storage"].is_string());
+    assert!(
+        container["lifecycle"]["preStop"].is_object(),
+        "Envoy drains first"
+    );
+}
+
 #[test]
 fn the_istio_envoyfilter_parses() {
     let path = kubernetes_dir().join("istio-envoyfilter.yaml");
@@ -280,11 +328,15 @@ fn the_version_is_the_same_everywhere() {
         read("Containerfile").contains(&format!("ARG VERSION={version}\n")),
         "Containerfile's VERSION"
     );
-    assert!(
-        read("examples/kubernetes/base/kustomization.yaml")
-            .contains(&format!("newTag: \"{version}\"")),
-        "the manifests' image tag"
-    );
+    for kustomization in [
+        "examples/kubernetes/base/kustomization.yaml",
+        "examples/kubernetes/overlays/durable/kustomization.yaml",
+    ] {
+        assert!(
+            read(kustomization).contains(&format!("newTag: \"{version}\"")),
+            "the manifests' image tag in {kustomization}"
+        );
+    }
     let changelog = read("CHANGELOG.md");
     let newest = changelog
         .lines()

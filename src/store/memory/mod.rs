@@ -16,14 +16,22 @@
 //! which the server runs every second. Memory is therefore bounded by the keys
 //! active in the last window, and by `max_keys` in any case.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use super::{Check, CounterKey, HeldCommits, ScopeTag, StoreError, Stored, decide_batch};
-use crate::algorithm::{Algorithm, Held, Logged, State, append};
+use crate::algorithm::{Algorithm, Held, Logged, State};
 use crate::clock::{NANOS_PER_SEC, Nanos};
+
+mod persistence;
+mod shard;
+mod snapshot;
+
+pub use persistence::{DataEvents, Persistence};
+use shard::{Place, Shard};
+pub use snapshot::{Counter, HeldCopy, Keyed, LogCopy, ShardCopy};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone, Copy)]
@@ -52,68 +60,6 @@ fn xxh3(seed: u64, bytes: &[u8]) -> u128 {
     xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed)
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    hash: u64,
-    check: u32,
-    /// Whole seconds since the epoch after which the state no longer matters.
-    expires: u32,
-    state: State,
-    /// Whose counter (see [`crate::store::scope_tag`]), for bulk resets.
-    scope: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    state: State,
-    expires: u32,
-    scope: u64,
-}
-
-/// A key's held request IDs (an in-flight cap's, a reserved budget's), and
-/// whose they are.
-#[derive(Debug)]
-struct HeldSlot {
-    held: Vec<Held>,
-    expires: u32,
-    scope: u64,
-}
-
-/// A sliding log's entries (oldest first), and whose they are.
-#[derive(Debug)]
-struct LogSlot {
-    log: Vec<Logged>,
-    expires: u32,
-    scope: u64,
-}
-
-#[derive(Debug, Default)]
-struct Shard {
-    table: hashbrown::HashTable<Entry>,
-    /// Keys whose hash collided with another key's (normally empty).
-    overflow: HashMap<Box<[u8]>, Slot>,
-    /// Sliding logs, by their keys' bytes: a log is many entries, not a
-    /// 16-byte state, and the algorithm is for small limits.
-    logs: HashMap<Box<[u8]>, LogSlot>,
-    /// Held request IDs, by their keys' bytes (a reserved budget's beside
-    /// its counter, under the same key).
-    held: HashMap<Box<[u8]>, HeldSlot>,
-}
-
-impl Shard {
-    /// Keys held: counters, logs and lists of held IDs.
-    fn len(&self) -> usize {
-        self.table.len() + self.overflow.len() + self.logs.len() + self.held.len()
-    }
-}
-
-/// Where one check's state is, inside a locked shard.
-enum Place {
-    Table(u64, u32),
-    Overflow,
-    Log,
-}
-
 /// The embedded store.
 #[derive(Debug)]
 pub struct MemoryStore {
@@ -122,6 +68,8 @@ pub struct MemoryStore {
     max_keys: usize,
     seed: u64,
     hasher: KeyHasher,
+    /// The data directory's writer, when the counters are kept on disk.
+    persistence: Option<Arc<Persistence>>,
 }
 
 impl MemoryStore {
@@ -142,6 +90,7 @@ impl MemoryStore {
             max_keys: options.max_keys,
             seed,
             hasher,
+            persistence: None,
         }
     }
 
@@ -185,7 +134,7 @@ impl MemoryStore {
                 logs.push(guard.logs.get(check.key.as_bytes()).map_or(&[], |l| &l.log));
                 continue;
             }
-            let (place, state) = find(guard, &check.key, hash, tag);
+            let (place, state) = guard.find(&check.key, hash, tag);
             places.push(place);
             states.push(state);
             logs.push(&[]);
@@ -236,7 +185,7 @@ impl MemoryStore {
             if guard.len() + checks.len() > self.max_per_shard
                 && guard.len() + new_keys(*shard, guard) > self.max_per_shard
             {
-                sweep_shard(guard, now_secs);
+                guard.sweep(now_secs);
                 if guard.len() + new_keys(*shard, guard) > self.max_per_shard {
                     return Err(StoreError::Full {
                         max_keys: self.max_keys,
@@ -255,7 +204,7 @@ impl MemoryStore {
             };
             let expires = u32::try_from(expires.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
             let guard = &mut guards[shard_of(shard)].1;
-            write(guard, place, check, state, expires);
+            guard.write(place, check, state, expires);
         }
         Ok(())
     }
@@ -309,10 +258,7 @@ impl MemoryStore {
     /// many were dropped.
     pub fn sweep(&self, now: Nanos) -> usize {
         let now_secs = (now / NANOS_PER_SEC) as u32;
-        self.shards
-            .iter()
-            .map(|s| sweep_shard(&mut s.lock(), now_secs))
-            .sum()
+        self.shards.iter().map(|s| s.lock().sweep(now_secs)).sum()
     }
 
     /// The number of keys held.
@@ -326,70 +272,76 @@ impl MemoryStore {
     }
 }
 
-/// Writes one committed state; room for new keys was made beforehand.
-fn write(shard: &mut Shard, place: &Place, check: &Check, state: State, expires: u32) {
-    let (key, scope) = (&check.key, check.scope);
-    let slot = Slot {
-        state,
-        expires,
-        scope,
-    };
-    match *place {
-        Place::Log => append_log(shard, check, state, expires),
-        Place::Overflow => {
-            shard.overflow.insert(key.as_bytes().into(), slot);
+/// For a data directory (`store::durable`): the state copied out and put
+/// back, by the keys' hashes, with the seed that made them.
+impl MemoryStore {
+    /// A store whose counters a data directory keeps: `seed` is the one
+    /// its saved counters were hashed with.
+    pub fn durable(options: MemoryStoreOptions, seed: u64, persistence: Arc<Persistence>) -> Self {
+        let mut store = Self::with_hasher(options, seed, xxh3);
+        store.persistence = Some(persistence);
+        store
+    }
+
+    /// The hash seed of the keys.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The number of shards ([`MemoryStore::copy_shard`] takes each).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The data directory's writer, if the counters are kept on disk.
+    pub fn persistence(&self) -> Option<&Arc<Persistence>> {
+        self.persistence.as_ref()
+    }
+
+    /// Waits until what was deleted before this call is deleted on disk
+    /// too (an operator's reset), when the counters are kept on disk.
+    pub async fn persisted(&self) {
+        if let Some(p) = &self.persistence
+            && !p.flushed().await
+        {
+            tracing::warn!(
+                "a reset is done in memory but not yet in the data directory (see the log and /healthcheck)"
+            );
         }
-        Place::Table(hash, tag) => match shard.table.find_mut(hash, |e| e.hash == hash) {
-            Some(e) if e.check == tag => {
-                e.state = state;
-                e.expires = expires;
-                e.scope = scope;
-            }
-            // Another key with this hash: the overflow map keeps both apart.
-            Some(_) => {
-                shard.overflow.insert(key.as_bytes().into(), slot);
-            }
-            None => {
-                shard.table.insert_unique(
-                    hash,
-                    Entry {
-                        hash,
-                        check: tag,
-                        expires,
-                        state,
-                        scope,
-                    },
-                    |e| e.hash,
-                );
-            }
-        },
     }
-}
 
-/// The stored state of `key`, and where to write it back.
-fn find(shard: &Shard, key: &CounterKey, hash: u64, tag: u32) -> (Place, State) {
-    // A key lives in the overflow map only after colliding; look there first
-    // so it is found even after the entry it collided with has expired.
-    if let Some(slot) = (!shard.overflow.is_empty())
-        .then(|| shard.overflow.get(key.as_bytes()))
-        .flatten()
-    {
-        return (Place::Overflow, slot.state);
+    /// Copies shard `index`'s state that still matters at `now_secs` into
+    /// `out` (emptied first). The shard is locked for the copy only.
+    pub fn copy_shard(&self, index: usize, now_secs: u32, out: &mut ShardCopy) {
+        out.clear();
+        if let Some(shard) = self.shards.get(index) {
+            shard.lock().copy_into(now_secs, out);
+        }
     }
-    match shard.table.find(hash, |e| e.hash == hash) {
-        Some(e) if e.check == tag => (Place::Table(hash, tag), e.state),
-        Some(_) => (Place::Overflow, State::default()),
-        None => (Place::Table(hash, tag), State::default()),
-    }
-}
 
-fn sweep_shard(shard: &mut Shard, now_secs: u32) -> usize {
-    let before = shard.len();
-    shard.table.retain(|e| e.expires > now_secs);
-    shard.overflow.retain(|_, s| s.expires > now_secs);
-    shard.logs.retain(|_, s| s.expires > now_secs);
-    shard.held.retain(|_, s| s.expires > now_secs);
-    before - shard.len()
+    /// Puts saved state back, each key into its shard (a key held already
+    /// takes the saved state). Returns how many keys were put.
+    pub fn restore(&self, copy: ShardCopy) -> usize {
+        let mask = self.shards.len() - 1;
+        let put = copy.len();
+        for c in copy.counters {
+            self.shards[((c.hash >> 32) as usize) & mask]
+                .lock()
+                .restore_counter(c);
+        }
+        let shard_of = |key: &[u8]| (((self.hasher)(self.seed, key) >> 96) as usize) & mask;
+        let lock = |key: &[u8]| self.shards[shard_of(key)].lock();
+        for k in copy.overflow {
+            lock(&k.key).restore_keyed(k);
+        }
+        for l in copy.logs {
+            lock(&l.key).restore_log(l);
+        }
+        for h in copy.held {
+            lock(&h.key).restore_held(h);
+        }
+        put
+    }
 }
 
 /// Writes the held IDs each check's call left (an empty list deletes the
@@ -405,38 +357,9 @@ fn write_held(
         let Some((held, lapses)) = commit else {
             continue;
         };
-        let guard = &mut guards[shard_of(shard)].1;
-        if held.is_empty() {
-            guard.held.remove(check.key.as_bytes());
-            continue;
-        }
         let expires = u32::try_from(lapses.div_ceil(NANOS_PER_SEC)).unwrap_or(u32::MAX);
-        guard.held.insert(
-            check.key.as_bytes().into(),
-            HeldSlot {
-                held,
-                expires,
-                scope: check.scope,
-            },
-        );
+        guards[shard_of(shard)].1.write_held(check, held, expires);
     }
-}
-
-/// Adds an admitted request to its sliding log (`added`: when and how many
-/// hits, see [`crate::algorithm::append`]); room for a new log was made
-/// beforehand.
-fn append_log(shard: &mut Shard, check: &Check, added: State, expires: u32) {
-    let slot = shard
-        .logs
-        .entry(check.key.as_bytes().into())
-        .or_insert_with(|| LogSlot {
-            log: Vec::new(),
-            expires,
-            scope: check.scope,
-        });
-    append(&mut slot.log, added, check.quota.period_ticks());
-    slot.expires = expires;
-    slot.scope = check.scope;
 }
 
 #[cfg(test)]
