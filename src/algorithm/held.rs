@@ -73,7 +73,7 @@ pub struct HeldOutcome {
     pub held: Option<(Vec<Held>, Nanos)>,
 }
 
-fn live(held: &[Held], now: u64) -> impl Iterator<Item = &Held> {
+fn live(held: &[Held], now: u64) -> impl Iterator<Item = &Held> + Clone {
     held.iter().filter(move |h| h.until > now)
 }
 
@@ -86,7 +86,8 @@ fn lapses(held: &[Held]) -> Nanos {
 }
 
 /// An in-flight cap of `limit` slots, each held at most `span` (ns): takes
-/// or releases `id`'s slot at `now` (ns).
+/// or releases `id`'s slot at `now` (ns). The list is copied only when it
+/// changes.
 pub fn in_flight(
     held: &[Held],
     op: HoldOp,
@@ -95,23 +96,20 @@ pub fn in_flight(
     now: Nanos,
 ) -> HeldOutcome {
     let now_t = now / NANOS_PER_TICK;
-    let mut kept: Vec<Held> = live(held, now_t).cloned().collect();
-    let pruned = kept.len() != held.len();
-    let mine = kept.iter().position(|h| *h.id == *id);
+    let count = live(held, now_t).count();
+    let mine = live(held, now_t).any(|h| *h.id == *id);
     let left = |n: usize| clamp_u32(u64::from(limit).saturating_sub(n as u64));
     if op == HoldOp::Release {
-        if let Some(i) = mine {
-            kept.swap_remove(i);
-        }
-        let changed = mine.is_some() || pruned;
+        let changed = mine || count != held.len();
+        let kept = changed.then(|| kept_but(held, now_t, None, id));
         return HeldOutcome {
             outcome: Outcome {
                 allowed: true,
-                remaining: left(kept.len()),
+                remaining: left(count - usize::from(mine)),
                 wait: 0,
                 commit: None,
             },
-            held: changed.then(|| {
+            held: kept.map(|kept| {
                 let at = lapses(&kept);
                 (kept, at)
             }),
@@ -119,23 +117,23 @@ pub fn in_flight(
     }
     // A second take of a held ID is refused: an ID a client can choose
     // must not hold one slot for many requests.
-    if mine.is_some() || kept.len() >= limit as usize {
-        let soonest = kept.iter().map(|h| h.until).min().unwrap_or(now_t);
+    if mine || count >= limit as usize {
+        let soonest = live(held, now_t).map(|h| h.until).min().unwrap_or(now_t);
         return HeldOutcome {
             outcome: Outcome {
                 allowed: false,
-                remaining: left(kept.len()),
+                remaining: left(count),
                 wait: soonest.saturating_sub(now_t).saturating_mul(NANOS_PER_TICK),
                 commit: None,
             },
             held: None,
         };
     }
-    let until = now_t.saturating_add((span / NANOS_PER_TICK).max(1));
+    let mut kept = kept_but(held, now_t, None, &[]);
     kept.push(Held {
         id: id.into(),
         amount: 1,
-        until,
+        until: now_t.saturating_add((span / NANOS_PER_TICK).max(1)),
     });
     let at = lapses(&kept);
     HeldOutcome {
@@ -149,17 +147,24 @@ pub fn in_flight(
     }
 }
 
+/// The live entries of `held` (at `now`, lapsing by `until_max` when
+/// given), but `id`'s.
+fn kept_but(held: &[Held], now: u64, until_max: Option<u64>, id: &[u8]) -> Vec<Held> {
+    held.iter()
+        .filter(|h| h.until > now && until_max.is_none_or(|m| h.until <= m) && *h.id != *id)
+        .cloned()
+        .collect()
+}
+
 /// A reserved budget on a fixed window: reserves `hits` for `id`
 /// ([`HoldOp::Reserve`]: admitted only if they fit in what is left, at
-/// least one hit) or settles `id`'s reservation at the real cost `hits`
-/// ([`HoldOp::Settle`]: the difference refunded or charged; without a
-/// reservation, the whole cost charged as a budget charges it). `quota` is
-/// the budget's.
+/// least one hit, and the key holds fewer than `most` reservations) or
+/// settles `id`'s reservation at the real cost `hits` ([`HoldOp::Settle`]:
+/// the difference refunded or charged; without a reservation, the whole
+/// cost charged as a budget charges it). `quota` is the budget's.
 pub fn reserve(
-    state: State,
-    held: &[Held],
-    op: HoldOp,
-    id: &[u8],
+    (state, held): (State, &[Held]),
+    (op, id, most): (HoldOp, &[u8], u32),
     quota: &Quota,
     now: Nanos,
     hits: u64,
@@ -169,12 +174,10 @@ pub fn reserve(
     let limit = u64::from(quota.limit);
     // A reservation lapses with the window it was charged to: the counter
     // it could be refunded from ends there.
-    let mut kept: Vec<Held> = live(held, now_t)
-        .filter(|h| h.until <= window.end)
-        .cloned()
-        .collect();
-    let pruned = kept.len() != held.len();
-    let mine = kept.iter().position(|h| *h.id == *id);
+    let in_window = |h: &&Held| h.until > now_t && h.until <= window.end;
+    let count = held.iter().filter(in_window).count();
+    let mine = held.iter().filter(in_window).find(|h| *h.id == *id);
+    let pruned = count != held.len();
     let used = if state.at == window.index {
         u64::from(state.current)
     } else {
@@ -198,8 +201,9 @@ pub fn reserve(
                 .map(|(s, at)| (s, at.saturating_mul(NANOS_PER_TICK))),
             ..decided
         };
-        if mine.is_some() {
-            // A second reservation for one ID: refused, as a second take.
+        // A second reservation for one ID is refused, as a second take; so
+        // is one past the most a key holds.
+        if mine.is_some() || count >= most as usize {
             outcome.allowed = false;
             outcome.commit = None;
             outcome.remaining = clamp_u32(limit.saturating_sub(used));
@@ -210,6 +214,7 @@ pub fn reserve(
                 held: None,
             };
         }
+        let mut kept = kept_but(held, now_t, Some(window.end), &[]);
         kept.push(Held {
             id: id.into(),
             amount,
@@ -223,9 +228,9 @@ pub fn reserve(
     }
     // Settle: the real cost, cut to the whole budget as any budget charge.
     let cost = hits.min(u64::from(quota.limit.max(quota.burst)));
-    let reserved = mine.map_or(0, |i| kept.swap_remove(i).amount);
+    let reserved = mine.map_or(0, |h| h.amount);
     let after = (used + cost).saturating_sub(reserved);
-    let changed = after != used || state.at != window.index;
+    let changed = after != used;
     HeldOutcome {
         outcome: Outcome {
             allowed: true,
@@ -241,6 +246,7 @@ pub fn reserve(
             }),
         },
         held: (mine.is_some() || pruned).then(|| {
+            let kept = kept_but(held, now_t, Some(window.end), id);
             let at = lapses(&kept);
             (kept, at)
         }),

@@ -68,30 +68,42 @@ fn budget(limit: u32) -> Quota {
 fn reservations_fit_in_what_is_left_and_settle_to_the_real_cost() {
     let q = budget(100);
     let now = 7200 * S + 5 * S;
-    let r = reserve(State::default(), &[], HoldOp::Reserve, b"a", &q, now, 60);
+    let r = reserve(
+        (State::default(), &[]),
+        (HoldOp::Reserve, b"a", 1000),
+        &q,
+        now,
+        60,
+    );
     assert!(r.outcome.allowed);
     let (state, _) = r.outcome.commit.expect("charged");
     assert_eq!(state.current, 60);
     let held = r.held.expect("held").0;
     // 50 more do not fit in the 40 left: refused, nothing charged.
-    let refused = reserve(state, &held, HoldOp::Reserve, b"b", &q, now, 50);
+    let refused = reserve((state, &held), (HoldOp::Reserve, b"b", 1000), &q, now, 50);
     assert!(!refused.outcome.allowed && refused.outcome.commit.is_none());
     assert!(refused.held.is_none());
     // A second reservation for one ID is refused too.
     assert!(
-        !reserve(state, &held, HoldOp::Reserve, b"a", &q, now, 1)
+        !reserve((state, &held), (HoldOp::Reserve, b"a", 1000), &q, now, 1)
             .outcome
             .allowed
     );
     // Settled at 25: 35 come back.
-    let s = reserve(state, &held, HoldOp::Settle, b"a", &q, now, 25);
+    let s = reserve((state, &held), (HoldOp::Settle, b"a", 1000), &q, now, 25);
     assert!(s.outcome.allowed);
     let (settled, _) = s.outcome.commit.expect("refunded");
     assert_eq!(settled.current, 25);
     let emptied = s.held.expect("settled").0;
     assert!(emptied.is_empty());
     // Settling it again (or a refused ID) refunds nothing and charges it.
-    let again = reserve(settled, &emptied, HoldOp::Settle, b"a", &q, now, 10);
+    let again = reserve(
+        (settled, &emptied),
+        (HoldOp::Settle, b"a", 1000),
+        &q,
+        now,
+        10,
+    );
     assert_eq!(again.outcome.commit.expect("charged").0.current, 35);
 }
 
@@ -99,22 +111,26 @@ fn reservations_fit_in_what_is_left_and_settle_to_the_real_cost() {
 fn a_settlement_above_the_reservation_charges_the_difference_even_past_the_limit() {
     let q = budget(100);
     let now = 5 * S;
-    let r = reserve(State::default(), &[], HoldOp::Reserve, b"a", &q, now, 90);
+    let r = reserve(
+        (State::default(), &[]),
+        (HoldOp::Reserve, b"a", 1000),
+        &q,
+        now,
+        90,
+    );
     let (state, _) = r.outcome.commit.expect("charged");
     let held = r.held.expect("held").0;
-    let s = reserve(state, &held, HoldOp::Settle, b"a", &q, now, 95);
+    let s = reserve((state, &held), (HoldOp::Settle, b"a", 1000), &q, now, 95);
     let (settled, _) = s.outcome.commit.expect("charged");
     assert_eq!(settled.current, 95);
     // Past the limit: the budget ends overdrawn by what the response cost.
-    let other = reserve(settled, &[], HoldOp::Settle, b"b", &q, now, 30);
+    let other = reserve((settled, &[]), (HoldOp::Settle, b"b", 1000), &q, now, 30);
     assert_eq!(other.outcome.commit.expect("charged").0.current, 125);
     assert_eq!(other.outcome.remaining, 0);
     // A cost beyond the whole budget is cut to it, as for any budget.
     let huge = reserve(
-        State::default(),
-        &[],
-        HoldOp::Settle,
-        b"z",
+        (State::default(), &[]),
+        (HoldOp::Settle, b"z", 1000),
         &q,
         now,
         u64::MAX,
@@ -125,12 +141,24 @@ fn a_settlement_above_the_reservation_charges_the_difference_even_past_the_limit
 #[test]
 fn a_reservation_lapses_with_its_window() {
     let q = budget(100);
-    let r = reserve(State::default(), &[], HoldOp::Reserve, b"a", &q, 5 * S, 80);
+    let r = reserve(
+        (State::default(), &[]),
+        (HoldOp::Reserve, b"a", 1000),
+        &q,
+        5 * S,
+        80,
+    );
     let (state, _) = r.outcome.commit.expect("charged");
     let held = r.held.expect("held").0;
     // Next hour: the counter starts afresh and the reservation is gone, so
     // its settlement charges the whole cost to the new window.
-    let s = reserve(state, &held, HoldOp::Settle, b"a", &q, 3605 * S, 30);
+    let s = reserve(
+        (state, &held),
+        (HoldOp::Settle, b"a", 1000),
+        &q,
+        3605 * S,
+        30,
+    );
     assert_eq!(s.outcome.commit.expect("charged").0.current, 30);
     assert!(s.held.expect("pruned").0.is_empty());
 }
@@ -141,13 +169,36 @@ fn a_reservation_of_nothing_holds_one_hit() {
     let mut state = State::default();
     let mut held = Vec::new();
     for id in [&b"a"[..], b"b"] {
-        let r = reserve(state, &held, HoldOp::Reserve, id, &q, S, 0);
+        let r = reserve((state, &held), (HoldOp::Reserve, id, 1000), &q, S, 0);
         assert!(r.outcome.allowed);
         state = r.outcome.commit.expect("charged").0;
         held = r.held.expect("held").0;
     }
     assert!(
-        !reserve(state, &held, HoldOp::Reserve, b"c", &q, S, 0)
+        !reserve((state, &held), (HoldOp::Reserve, b"c", 1000), &q, S, 0)
+            .outcome
+            .allowed
+    );
+}
+
+#[test]
+fn a_key_holds_at_most_its_bound_of_reservations() {
+    let q = budget(100);
+    let mut state = State::default();
+    let mut held = Vec::new();
+    for id in [&b"a"[..], b"b", b"c"] {
+        let r = reserve((state, &held), (HoldOp::Reserve, id, 3), &q, S, 1);
+        assert!(r.outcome.allowed);
+        state = r.outcome.commit.expect("charged").0;
+        held = r.held.expect("held").0;
+    }
+    let fourth = reserve((state, &held), (HoldOp::Reserve, b"d", 3), &q, S, 1);
+    assert!(!fourth.outcome.allowed && fourth.outcome.commit.is_none());
+    // A settlement makes room.
+    let s = reserve((state, &held), (HoldOp::Settle, b"a", 3), &q, S, 1);
+    let held = s.held.expect("settled").0;
+    assert!(
+        reserve((state, &held), (HoldOp::Reserve, b"d", 3), &q, S, 1)
             .outcome
             .allowed
     );

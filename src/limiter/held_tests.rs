@@ -131,31 +131,60 @@ async fn a_release_is_applied_even_when_the_request_is_refused() {
 }
 
 #[tokio::test]
-async fn request_ids_named_wrong_are_per_request_errors() {
+async fn request_ids_named_wrong_never_turn_the_other_limits_off() {
     let (l, _) = limiter();
-    let refused = |entries: &[(&'static str, &'static str)]| {
-        let r = call(entries, None);
+    let decide = |entries: &'static [(&'static str, &'static str)]| {
         let l = &l;
         async move {
-            match l.should_rate_limit(&r).await {
-                Err(LimitError::InvalidArgument(m)) => m,
-                other => panic!("{other:?}"),
-            }
+            // Beside a descriptor over its limit: the request stays refused.
+            let mut r = call(entries, Some(1));
+            r.descriptors.push(Descriptor {
+                entries: [("plain", "full")].into_iter().collect(),
+                ..Descriptor::default()
+            });
+            l.should_rate_limit(&r)
+                .await
+                .expect("decided, never an error")
         }
     };
-    let m = refused(&[("plain", "p"), ("request_id", "x")]).await;
-    assert!(
-        m.contains("neither an in_flight cap nor a budget with reserve"),
-        "{m}"
-    );
-    let m = refused(&[("key", "k"), ("release", "x")]).await;
-    assert!(m.contains("'release'") && m.contains("in_flight"), "{m}");
-    let m = refused(&[("user", "u"), ("settle", "x")]).await;
-    assert!(m.contains("reserve: true"), "{m}");
-    let m = refused(&[("user", "u"), ("request_id", "")]).await;
-    assert!(m.contains("empty 'request_id'"), "{m}");
-    let long = "x".repeat(257);
-    let long: &'static str = Box::leak(long.into_boxed_str());
-    let m = refused(&[("user", "u"), ("request_id", long)]).await;
-    assert!(m.contains("--max-request-id-bytes"), "{m}");
+    for _ in 0..5 {
+        assert!(ok(&l, &call(&[("plain", "full")], None)).await);
+    }
+    // A node without the rules an ID entry concerns: unmatched, no limit.
+    for entries in [
+        &[("plain", "p"), ("request_id", "x")][..],
+        &[("key", "k"), ("release", "x")],
+        &[("user", "u"), ("settle", "x")],
+    ] {
+        let d = decide(entries).await;
+        assert!(d.over_limit, "{entries:?}");
+        assert!(
+            d.statuses[0].limit.is_none() && !d.statuses[0].over_limit,
+            "{entries:?}"
+        );
+    }
+    // An ID no store may hold: a take or a reservation is refused, a
+    // release or a settlement changes nothing.
+    let long: &'static str = Box::leak("x".repeat(257).into_boxed_str());
+    let too_long: &'static [(&str, &str)] =
+        Box::leak(Box::new([("user", "u"), ("request_id", long)]));
+    for entries in [
+        &[("user", "u"), ("request_id", "")][..],
+        too_long,
+        &[("key", "k"), ("request_id", "")],
+    ] {
+        let d = decide(entries).await;
+        assert!(
+            d.statuses[0].over_limit,
+            "refused: {:?}",
+            &entries[1].1[..entries[1].1.len().min(8)]
+        );
+    }
+    let d = decide(&[("user", "u"), ("release", "")]).await;
+    assert!(!d.statuses[0].over_limit);
+    // Exactly the bound is an ID like any other.
+    let at_bound: &'static str = Box::leak("y".repeat(256).into_boxed_str());
+    let fits: &'static [(&str, &str)] =
+        Box::leak(Box::new([("user", "u"), ("request_id", at_bound)]));
+    assert!(ok(&l, &call(fits, None)).await);
 }

@@ -123,11 +123,17 @@ impl Limiter {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            rules.lookup(domain, &entries).is_some_and(|m| {
+            let names = |m: crate::rules::Matched<'_>| {
                 m.rules
                     .iter()
                     .any(|r| Some(r.path.as_str()) == path.as_deref())
-            })
+            };
+            // A node's held IDs (an in-flight cap's list) are its rule's
+            // too: the rules a request ID's entry reaches there.
+            let mut held = entries.clone();
+            held.push(("request_id", "-"));
+            rules.lookup(domain, &entries).is_some_and(names)
+                || rules.lookup(domain, &held).is_some_and(names)
         };
         let tag = ScopeTag::of(domain, path.as_deref());
         // The `local` failure mode's counters go too.

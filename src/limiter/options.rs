@@ -75,6 +75,9 @@ pub struct RequestBounds {
     /// Bytes of a request ID (`request_id`, `release`, `settle`), which an
     /// in-flight cap or a reservation holds (`--max-request-id-bytes`).
     pub request_id_bytes: usize,
+    /// The most request IDs one key holds (`--max-held-ids`): past it, a
+    /// reservation is refused.
+    pub held_ids: u32,
 }
 
 impl Default for RequestBounds {
@@ -90,6 +93,7 @@ impl Default for RequestBounds {
             request_bytes: 128 * 1024,
             checks: 1024,
             request_id_bytes: 256,
+            held_ids: crate::rules::DEFAULT_MAX_HELD_IDS,
         }
     }
 }

@@ -57,25 +57,40 @@ impl Limiter {
                 }
                 continue;
             };
-            let hold = if matched.hold {
-                Some(held_entry(
-                    d,
-                    descriptor,
-                    matched.rules,
-                    &self.options.bounds,
-                )?)
-            } else {
-                None
-            };
+            // A request ID's entry, last: on a node without the rules it
+            // concerns the descriptor is unmatched, as any other entry no
+            // rule names (refusing the request would let Envoy through).
+            if matched.hold && matched.rules.is_empty() {
+                if !quiet {
+                    self.count_unmatched(Some(request.domain), descriptor);
+                }
+                continue;
+            }
+            let hold = matched
+                .hold
+                .then(|| descriptor.entries.last().copied())
+                .flatten();
             for rule in matched.rules {
                 let hold =
                     hold.and_then(|(key, id)| Some((crate::rules::held::op_for(key, rule)?, id)));
-                let Some(limit) = rule.limit else {
+                let Some(mut limit) = rule.limit else {
                     // `unlimited: true`: never counted; the reference reports the
                     // most it can as remaining.
                     unlimited.push(d);
                     continue;
                 };
+                // An ID no store may hold (empty, or longer than the bound):
+                // a take or a reservation is refused, a release or a
+                // settlement frees and charges nothing.
+                match hold {
+                    Some((op, id)) if !id_fits(id, &self.options.bounds) => {
+                        if op.is_after_the_fact() {
+                            continue;
+                        }
+                        limit.requests_per_unit = 0;
+                    }
+                    _ => {}
+                }
                 // Its counters from the snapshot it is planned from.
                 let stats = rules.stats(rule, &self.metrics);
                 self.plan_limit(
@@ -125,9 +140,7 @@ impl Limiter {
             (None, None) => (limit, descriptor.entries.len()),
         };
         let mut key = match hold {
-            Some((HoldOp::Take | HoldOp::Release, _)) => {
-                CounterKey::in_flight(request.domain, limit.unit_multiplier)
-            }
+            Some((HoldOp::Take | HoldOp::Release, _)) => CounterKey::in_flight(request.domain),
             _ => CounterKey::with_period(
                 request.domain,
                 limit.algorithm,
@@ -166,6 +179,10 @@ impl Limiter {
             Box::new(HoldCheck {
                 op,
                 id: id.as_bytes().into(),
+                most: match op {
+                    HoldOp::Take | HoldOp::Release => limit.requests_per_unit,
+                    HoldOp::Reserve | HoldOp::Settle => self.options.bounds.held_ids,
+                },
             })
         });
         checks.push(check);
@@ -183,39 +200,10 @@ impl Limiter {
 /// What a call does with a request ID, and the ID.
 type HeldEntry<'a> = (HoldOp, &'a str);
 
-/// A descriptor's last entry when it holds, frees or settles a request ID
-/// (its key and the ID), or why it cannot.
-fn held_entry<'r>(
-    d: usize,
-    descriptor: &super::Descriptor<'r>,
-    rules: &[Arc<Rule>],
-    bounds: &RequestBounds,
-) -> Result<(&'r str, &'r str), LimitError> {
-    let invalid = |m: String| Err(LimitError::InvalidArgument(m));
-    let Some(&(key, id)) = descriptor.entries.last() else {
-        return invalid(format!("descriptor {d} has no entries"));
-    };
-    if rules.is_empty() {
-        let wanted = match key {
-            "release" => "no in_flight cap",
-            "settle" => "no budget with reserve: true",
-            _ => "neither an in_flight cap nor a budget with reserve: true",
-        };
-        return invalid(format!(
-            "descriptor {d} ends in '{key}', and the descriptor before it has {wanted} to hold request IDs"
-        ));
-    }
-    if id.is_empty() {
-        return invalid(format!("descriptor {d} has an empty '{key}'"));
-    }
-    if id.len() > bounds.request_id_bytes {
-        return invalid(format!(
-            "descriptor {d}'s '{key}' is {} bytes, above the bound of {} (--max-request-id-bytes)",
-            id.len(),
-            bounds.request_id_bytes
-        ));
-    }
-    Ok((key, id))
+/// Whether a store may hold `id`: not empty, and within
+/// `--max-request-id-bytes`.
+fn id_fits(id: &str, bounds: &RequestBounds) -> bool {
+    !id.is_empty() && id.len() <= bounds.request_id_bytes
 }
 
 /// A request resolved to limits, ready for the store.

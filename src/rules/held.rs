@@ -86,12 +86,12 @@ pub(super) fn in_flight(
             );
             None
         }
-        Some(n) if n.value.0 == 0 || n.value.0 > options.max_in_flight => {
+        Some(n) if n.value.0 == 0 || n.value.0 > options.max_held_ids => {
             err(
                 at(&n.referenced).or(pos),
                 format!(
-                    "in_flight on '{path}' has a limit of {}; it is 1 to {} (--max-in-flight: each request in progress is held by its ID)",
-                    n.value.0, options.max_in_flight
+                    "in_flight on '{path}' has a limit of {}; it is 1 to {} (--max-held-ids: each request in progress is held by its ID)",
+                    n.value.0, options.max_held_ids
                 ),
             );
             None

@@ -33,14 +33,15 @@ pub struct LoadOptions {
     /// The largest `requests_per_unit` of a `sliding_log` limit
     /// (`--max-sliding-log`): the log holds an entry per admitted request.
     pub max_sliding_log: u32,
-    /// The largest `in_flight` limit (`--max-in-flight`): each request in
-    /// progress is held by its ID.
-    pub max_in_flight: u32,
+    /// The most request IDs one key holds (`--max-held-ids`): the largest
+    /// `in_flight` limit, and a reserved budget's open reservations.
+    pub max_held_ids: u32,
 }
 
-/// `--max-in-flight`'s default: a cap's held IDs are read whole by each
-/// decision (about 60 bytes each with a UUID for an ID).
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 10_000;
+/// `--max-held-ids`'s default: a key's held IDs are read whole by each call
+/// on it (about 60 bytes each with a UUID; in Redis about 1 ms per 1,000,
+/// so a client holding many cannot make Redis slow for everyone).
+pub const DEFAULT_MAX_HELD_IDS: u32 = 1_000;
 
 /// `--max-sliding-log`'s default: a sliding log keeps one entry per
 /// admitted request (16 bytes in memory, about 10 in Redis) and each
@@ -72,7 +73,7 @@ impl Default for LoadOptions {
             max_rule_nodes: DEFAULT_MAX_RULE_NODES,
             max_rule_depth: DEFAULT_MAX_RULE_DEPTH,
             max_sliding_log: DEFAULT_MAX_SLIDING_LOG,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_held_ids: DEFAULT_MAX_HELD_IDS,
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::clock::NANOS_PER_SEC;
 pub use crate::period::{MAX_PERIOD_SECONDS, Unit};
 pub use error::{RuleError, RuleErrors};
 pub use load::{
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG,
+    DEFAULT_MAX_HELD_IDS, DEFAULT_MAX_RULE_DEPTH, DEFAULT_MAX_RULE_NODES, DEFAULT_MAX_SLIDING_LOG,
     LoadOptions, load_paths, load_sources, rule_files,
 };
 pub(crate) use matcher::ShapeEntry;

@@ -187,11 +187,11 @@ fn in_flight_and_reserve_are_checked_with_their_lines() {
     for (fields, needle) in [
         (
             "in_flight: {limit: 0, max_hold_seconds: 60}",
-            "limit of 0; it is 1 to 10000 (--max-in-flight",
+            "limit of 0; it is 1 to 1000 (--max-held-ids",
         ),
         (
-            "in_flight: {limit: 10001, max_hold_seconds: 60}",
-            "--max-in-flight",
+            "in_flight: {limit: 1001, max_hold_seconds: 60}",
+            "--max-held-ids",
         ),
         ("in_flight: {limit: 5}", "needs max_hold_seconds"),
         ("in_flight: {max_hold_seconds: 5}", "needs a limit"),

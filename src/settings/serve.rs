@@ -37,6 +37,7 @@ impl ServeArgs {
                 request_bytes: self.max_request_bytes,
                 checks: self.max_checks,
                 request_id_bytes: self.max_request_id_bytes,
+                held_ids: self.rule_load.max_held_ids,
             },
             max_metric_series: self.max_metric_series,
             max_label_bytes: self.max_label_bytes,

@@ -45,6 +45,9 @@ pub struct HoldCheck {
     pub op: HoldOp,
     /// The request's ID, as Envoy sent it.
     pub id: Box<[u8]>,
+    /// The most IDs the key may hold: a cap's limit, a budget's
+    /// `--max-held-ids` (past it a reservation is refused).
+    pub most: u32,
 }
 
 /// A counter's owner as one number: its domain's hash in the high half, its
@@ -261,10 +264,8 @@ fn decide_in_order(
                         now,
                     ),
                     HoldOp::Reserve | HoldOp::Settle => crate::algorithm::reserve(
-                        state,
-                        seen,
-                        hold.op,
-                        &hold.id,
+                        (state, seen),
+                        (hold.op, &hold.id, hold.most),
                         &check.quota,
                         now,
                         check.hits,

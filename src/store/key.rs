@@ -52,16 +52,11 @@ impl CounterKey {
         key
     }
 
-    /// Starts the key of an in-flight cap in `domain` whose slots are held
-    /// `hold_seconds` at most: never the key of a counter.
-    pub fn in_flight(domain: &str, hold_seconds: u32) -> Self {
-        let mut key = Self::with_period(
-            domain,
-            Algorithm::FixedWindow,
-            Unit::Second,
-            hold_seconds,
-            None,
-        );
+    /// Starts the key of an in-flight cap in `domain`: never the key of a
+    /// counter, and the same whatever the cap's limit and longest hold (a
+    /// reload that changes them keeps the slots held).
+    pub fn in_flight(domain: &str) -> Self {
+        let mut key = Self::new(domain, Algorithm::FixedWindow, Unit::Second);
         if let Some(a) = key.bytes.get_mut(4 + domain.len()) {
             *a |= IN_FLIGHT;
         }
@@ -163,8 +158,7 @@ pub struct KeyParts<'a> {
     pub zone: Option<&'a str>,
     /// The descriptor entries (with shared wildcard values already substituted).
     pub entries: SmallVec<[(&'a str, &'a str); 4]>,
-    /// An in-flight cap's held IDs (see [`CounterKey::in_flight`]), whose
-    /// `every` is the longest hold in seconds.
+    /// An in-flight cap's held IDs (see [`CounterKey::in_flight`]).
     pub in_flight: bool,
 }
 
@@ -197,18 +191,13 @@ mod tests {
         );
         assert_eq!(parts.entries.as_slice(), &[("user", "a|b=c"), ("", "")]);
         assert!(!parts.in_flight);
-        let mut cap = CounterKey::in_flight("api", 600);
+        let mut cap = CounterKey::in_flight("api");
         cap.entry("user", "ann");
-        let mut counter =
-            CounterKey::with_period("api", Algorithm::FixedWindow, Unit::Second, 600, None);
+        let mut counter = CounterKey::new("api", Algorithm::FixedWindow, Unit::Second);
         counter.entry("user", "ann");
         assert_ne!(cap, counter, "a cap's key is never a counter's");
         let parts = cap.parts();
         assert!(parts.in_flight);
-        assert_eq!(
-            (parts.algorithm, parts.every),
-            (Algorithm::FixedWindow, 600)
-        );
         assert_eq!(parts.entries.as_slice(), &[("user", "ann")]);
     }
 }

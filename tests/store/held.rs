@@ -22,6 +22,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 0}
 ";
 
+/// The operator's token (resets need one).
+const TOKEN: &str = "held-ids-operator-token-0123456789abcdef";
+
 fn call(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitRequest {
     let mut r = request("held", &[entries]);
     r.descriptors[0].hits_addend = hits.map(|value| UInt64Value { value });
@@ -187,7 +190,27 @@ async fn a_refused_request_holds_nothing(server: &Served) {
     .overall_code));
 }
 
+/// `--max-held-ids 12`: a thirteenth open reservation of one key is
+/// refused, though the budget has room; a settlement makes room.
+async fn a_key_holds_at_most_its_bound(server: &Served, tenant: &str) {
+    let mut client = server.client().await;
+    for n in 0..13 {
+        let id = format!("b{n}");
+        let answer = ask(
+            &mut client,
+            call(&[("tenant", tenant), ("request_id", &id)], Some(1)),
+        )
+        .await;
+        assert_eq!(ok(answer.overall_code), n < 12, "reservation {n}");
+    }
+    let settle = call(&[("tenant", tenant), ("settle", "b0")], Some(1));
+    assert!(ok(ask(&mut client, settle).await.overall_code));
+    let again = call(&[("tenant", tenant), ("request_id", "b12")], Some(1));
+    assert!(ok(ask(&mut client, again).await.overall_code));
+}
+
 async fn everything(server: &Served, tag: &str) {
+    a_key_holds_at_most_its_bound(server, &format!("bound-{tag}")).await;
     racing_takes_get_exactly_the_slots(server, &format!("ann-{tag}")).await;
     racing_reservations_never_overdraw(server, &format!("acme-{tag}")).await;
     a_refused_request_holds_nothing(server).await;
@@ -195,18 +218,31 @@ async fn everything(server: &Served, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn held_ids_on_the_memory_store() {
-    everything(&Served::start(RULES, &[]), "m").await;
+    everything(&Served::start(RULES, &["--max-held-ids", "12"]), "m").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn held_ids_on_redis_and_a_cluster() {
     let redis = RedisServer::start();
-    let server = Served::on_redis(RULES, &redis.url(), &["--redis-timeout", "2s"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = crate::common::token_file(dir.path(), "tokens", &format!("{TOKEN}\n"));
+    let server = Served::on_redis(
+        RULES,
+        &redis.url(),
+        &[
+            "--redis-timeout",
+            "2s",
+            "--max-held-ids",
+            "12",
+            "--admin-token-file",
+            &tokens,
+        ],
+    );
     everything(&server, "r").await;
     let keys: Vec<(String, i64)> = redis.counters_with_ttl();
     assert!(
         keys.iter()
-            .any(|(k, ttl)| k.contains("|user=ann-r}:if:") && *ttl > 0),
+            .any(|(k, ttl)| k.ends_with("|user=ann-r}:if") && *ttl > 0),
         "a cap's held IDs, with an expiry: {keys:?}"
     );
     assert!(
@@ -215,9 +251,14 @@ async fn held_ids_on_redis_and_a_cluster() {
         "a budget's reservations beside its counter: {keys:?}"
     );
     values_no_script_wrote_hold_nothing(&redis, &server).await;
+    a_rule_reset_frees_the_caps_slots(&server).await;
 
     let cluster = RedisCluster::start();
-    let server = Served::on_cluster(RULES, &cluster.urls(), &["--redis-timeout", "2s"]);
+    let server = Served::on_cluster(
+        RULES,
+        &cluster.urls(),
+        &["--redis-timeout", "2s", "--max-held-ids", "12"],
+    );
     everything(&server, "c").await;
 }
 
@@ -229,7 +270,7 @@ async fn values_no_script_wrote_hold_nothing(redis: &RedisServer, server: &Serve
         .enumerate()
     {
         let user = format!("poisoned-{i}");
-        let key = format!("tollgate:{{held|user={user}}}:if:3600second");
+        let key = format!("tollgate:{{held|user={user}}}:if");
         let script = format!(
             "local v = {poison}; if type(v) == 'table' then v = cmsgpack.pack(v) end; return redis.call('SET', KEYS[1], v)"
         );
@@ -248,4 +289,39 @@ async fn values_no_script_wrote_hold_nothing(redis: &RedisServer, server: &Serve
             assert_eq!(ok(answer.overall_code), n < 5, "{poison}: take {n}");
         }
     }
+}
+
+/// An operator's reset of the cap's rule frees every slot it holds.
+async fn a_rule_reset_frees_the_caps_slots(server: &Served) {
+    let mut client = server.client().await;
+    for n in 0..6 {
+        let id = format!("f{n}");
+        let answer = ask(
+            &mut client,
+            call(&[("user", "full"), ("request_id", &id)], None),
+        )
+        .await;
+        assert_eq!(ok(answer.overall_code), n < 5, "take {n}");
+    }
+    let body =
+        r#"{"domain": "held", "rule": "held.user/in_flight", "confirm": "held.user/in_flight"}"#;
+    let reset = crate::common::envoy::http_with_body(
+        server.admin,
+        "POST",
+        "/counters/reset",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", &format!("Bearer {TOKEN}")),
+        ],
+        body,
+    )
+    .expect("admin answers");
+    assert_eq!(reset.status, 200, "{reset:?}");
+    assert!(!reset.body.contains("\"reset\":0"), "{reset:?}");
+    let answer = ask(
+        &mut client,
+        call(&[("user", "full"), ("request_id", "after")], None),
+    )
+    .await;
+    assert!(ok(answer.overall_code), "the slots are free");
 }

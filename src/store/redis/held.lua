@@ -8,7 +8,9 @@
 -- 'i'/'o': key: the cap's held IDs; id: the request's ID; span: how long a
 --   slot is held at most (µs).
 -- 'r'/'e': key: the budget's counter (this window's); held: the key of its
---   held IDs; id: the request's ID; window_end (µs).
+--   held IDs; id: the request's ID; window_end (µs); most: the most
+--   reservations the key holds (in the cost's place: a reservation's cost
+--   is its charge).
 -- Return allowed (1/0), remaining, wait (µs), the value of `key` to write
 -- with its expiry (or nil), and for 'r'/'e' the held IDs to write with
 -- their expiry (or nil).
@@ -82,7 +84,8 @@ ALGORITHMS['i'] = in_flight(false)
 ALGORITHMS['o'] = in_flight(true)
 
 local function reserved(settle)
-  return function(key, held_key, now, limit, id, window_end, cost, charge, read, _, read_held)
+  return function(key, held_key, now, limit, id, window_end, most, charge, read, _, read_held)
+    local cost = charge
     local used = read(key)
     local stored = read_held(held_key)
     local held = live(stored, now, window_end)
@@ -90,7 +93,7 @@ local function reserved(settle)
     local mine = find(held, id)
     local wait = window_end - now
     if not settle then
-      if mine or cost > limit or used + cost > limit then
+      if mine or #held / 3 >= most or cost > limit or used + cost > limit then
         return 0, left(limit, used), wait
       end
       held[#held + 1] = id

@@ -68,7 +68,10 @@ impl KeyNames {
             name
         };
         if parts.in_flight {
-            // An in-flight cap's held IDs: one list, no window.
+            // An in-flight cap's held IDs: one list, no window, no period
+            // (a reload that changes the longest hold keeps the slots).
+            let end = base.len() - 1 - base.rsplit(':').next().map_or(0, str::len);
+            base.truncate(end);
             return Self {
                 names: [base, String::new()],
                 len: 1,

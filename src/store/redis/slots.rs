@@ -309,7 +309,12 @@ fn held_check(
         limit: c.quota.limit,
         start_or_period: if in_flight { c.quota.period_ticks() } else { 0 },
         end_or_burst: if in_flight { 0 } else { window.end },
-        cost: charge.max(1),
+        // A budget's bound on reservations rides in the cost's place.
+        cost: if in_flight {
+            charge.max(1)
+        } else {
+            u64::from(hold.most)
+        },
         charge,
         enforce,
         id: Some(id.into()),
