@@ -356,8 +356,8 @@ impl Observer for Limited {
                 let mut hashed = None;
                 for (applied, _, _, _, _) in status.limits() {
                     if let Some(rule) = shard.rules.get_mut(&applied.scope) {
-                        let id =
-                            *hashed.get_or_insert_with(|| client_id(domain, &descriptor.entries));
+                        let id = *hashed
+                            .get_or_insert_with(|| client_id(domain, client(&descriptor.entries)));
                         rule.admit(id, epoch);
                     }
                 }
@@ -393,11 +393,25 @@ impl Observer for Limited {
         };
         let before = rule.clients.len();
         rule.refuse(
-            (client_id(domain, &descriptor.entries), now, epoch),
+            (client_id(domain, client(&descriptor.entries)), now, epoch),
             slots,
-            || owned(request.descriptors.iter().map(|d| &d.entries[..])),
+            || owned(request.descriptors.iter().map(|d| client(&d.entries))),
         );
         shard.held += rule.clients.len() - before;
+    }
+}
+
+/// Who a descriptor's entries name: without a last request ID entry
+/// (`request_id`, `release`, `settle`), which tells requests apart, not
+/// clients.
+fn client<'e, 'a>(entries: &'e [(&'a str, &'a str)]) -> &'e [(&'a str, &'a str)] {
+    match entries.split_last() {
+        Some(((key, _), rest))
+            if !rest.is_empty() && crate::rules::held::HOLD_KEYS.contains(key) =>
+        {
+            rest
+        }
+        _ => entries,
     }
 }
 

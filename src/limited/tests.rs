@@ -277,3 +277,43 @@ fn the_view_holds_no_more_than_its_bytes_whatever_the_clients_and_entries() {
         view.rules[0].clients[0].descriptors
     );
 }
+
+/// An in-flight cap's refusals name the client, not each request's ID.
+#[test]
+fn a_caps_refusals_name_the_client_not_the_request_ids() {
+    let rules = load_sources(
+        &[(
+            PathBuf::from("rules.yaml"),
+            "domain: api\ndescriptors:\n  - key: user\n    in_flight: {limit: 1, max_hold_seconds: 60}\n"
+                .to_owned(),
+        )],
+        &LoadOptions::default(),
+    )
+    .expect("rules");
+    let clock = Arc::new(ManualClock::new(START));
+    let limiter = Limiter::in_memory(rules, clock.clone());
+    let limited = Arc::new(Limited::new(LimitedOptions::default(), clock.clone()));
+    limiter.set_observers(vec![limited.clone()]);
+    let ids: Vec<String> = (0..50).map(|i| format!("req-{i}")).collect();
+    for id in &ids {
+        let request = Request {
+            domain: "api",
+            descriptors: smallvec![Descriptor {
+                entries: smallvec![("user", "ann"), ("request_id", id.as_str())],
+                ..Descriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        over_limit(&limiter, &request);
+    }
+    let view = limited.view(None, None, &limiter.rules());
+    let rule = &view.rules[0];
+    assert_eq!(rule.refused, 49);
+    assert_eq!(rule.clients.len(), 1, "one client: {:?}", rule.clients);
+    assert_eq!(rule.clients[0].refused, 49);
+    assert_eq!(
+        rule.clients[0].descriptors[0].len(),
+        1,
+        "its entries, not the ID"
+    );
+}
