@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{Limit, RuleSet};
+use super::{HeldKind, Limit, Rule, RuleSet};
 
 /// A rule whose counters a new rule set restarts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,15 +24,22 @@ impl std::fmt::Display for Restart {
 
 /// Every rule of `new` that `old` had with a different counter key.
 pub fn restarted_counters(old: &RuleSet, new: &RuleSet) -> Vec<Restart> {
+    // An in-flight cap's slots are kept whatever changes (its key names
+    // neither a period nor an algorithm); it shares its node's path.
+    fn counted_limit(r: &Rule) -> Option<&Limit> {
+        r.limit
+            .as_ref()
+            .filter(|l| l.held != Some(HeldKind::InFlight))
+    }
     let before: HashMap<(&str, Option<&str>), &Limit> = old
         .rules()
         .iter()
-        .filter_map(|r| Some(((r.path.as_str(), r.name.as_deref()), r.limit.as_ref()?)))
+        .filter_map(|r| Some(((r.path.as_str(), r.name.as_deref()), counted_limit(r)?)))
         .collect();
     new.rules()
         .iter()
         .filter_map(|rule| {
-            let now = rule.limit.as_ref()?;
+            let now = counted_limit(rule)?;
             let was = before.get(&(rule.path.as_str(), rule.name.as_deref()))?;
             // What a counter's key names (a zone compares by its key: a link
             // and its zone count alike).

@@ -337,3 +337,19 @@ descriptors:
     assert_eq!(reached(&[entry("t"), entry("request_id")]), ["tokens"]);
     assert!(reached(&[entry("k"), entry("settle")]).is_empty());
 }
+
+#[test]
+fn a_reload_of_a_node_with_a_cap_reports_no_restart_for_either() {
+    let text = |hold: u32| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 10}}\n    in_flight: {{limit: 5, max_hold_seconds: {hold}}}\n"
+        )
+    };
+    let before = RuleSet::from_yaml(&text(60)).expect("loads");
+    let after = RuleSet::from_yaml(&text(600)).expect("loads");
+    assert!(restarted_counters(&before, &before).is_empty());
+    assert!(
+        restarted_counters(&before, &after).is_empty(),
+        "the cap keeps its slots"
+    );
+}
