@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::Tollgate;
 use crate::common::envoy::{Envoy, http};
-use crate::common::redis::free_port;
 
 const RULES: &str = "domain: llm
 descriptors:
@@ -102,26 +101,10 @@ fn original_rate_limits() -> String {
     block[..block.rfind('\n').expect("a line") + 1].to_owned()
 }
 
+/// envoy/llm-budget.yaml with this test's rate_limits, in front of `api`.
 fn gateway(tollgate_port: u16, api: SocketAddr) -> (Envoy, SocketAddr) {
-    let (listen, admin) = (free_port(), free_port());
-    let api_address = format!("{{ address: 127.0.0.1, port_value: {} }}", api.port());
-    let envoy = Envoy::start_replacing(
-        "llm-budget.yaml",
-        &[(10300, listen), (9904, admin), (8081, tollgate_port)],
-        &[
-            (
-                "{ address: api.example.com, port_value: 443 }",
-                &api_address,
-            ),
-            (
-                "      transport_socket: { name: envoy.transport_sockets.tls, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: api.example.com } }\n",
-                "",
-            ),
-            (&original_rate_limits(), RATE_LIMITS),
-        ],
-        admin,
-    );
-    (envoy, SocketAddr::from(([127, 0, 0, 1], listen)))
+    let original = original_rate_limits();
+    crate::llm_budget::egress_with(tollgate_port, api, &[(&original, RATE_LIMITS)])
 }
 
 fn status(addr: SocketAddr, headers: &[(&str, &str)]) -> u16 {

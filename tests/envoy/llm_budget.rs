@@ -78,28 +78,41 @@ struct Egress {
 }
 
 fn egress(tollgate_port: u16, model: SocketAddr) -> Egress {
+    let (envoy, addr) = egress_with(tollgate_port, model, &[]);
+    Egress {
+        _envoy: envoy,
+        addr,
+    }
+}
+
+/// envoy/llm-budget.yaml in front of `model` (plain HTTP on loopback), with
+/// `more` replacements in its text; Envoy and its listener's address.
+pub(crate) fn egress_with(
+    tollgate_port: u16,
+    model: SocketAddr,
+    more: &[(&str, &str)],
+) -> (Envoy, SocketAddr) {
     let (listen, admin) = (free_port(), free_port());
     let model_address = format!("{{ address: 127.0.0.1, port_value: {} }}", model.port());
+    let mut replacements = vec![
+        // The stand-in speaks plain HTTP on loopback.
+        (
+            "{ address: api.example.com, port_value: 443 }",
+            model_address.as_str(),
+        ),
+        (
+            "      transport_socket: { name: envoy.transport_sockets.tls, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: api.example.com } }\n",
+            "",
+        ),
+    ];
+    replacements.extend_from_slice(more);
     let envoy = Envoy::start_replacing(
         "llm-budget.yaml",
         &[(10300, listen), (9904, admin), (8081, tollgate_port)],
-        &[
-            // The stand-in speaks plain HTTP on loopback.
-            (
-                "{ address: api.example.com, port_value: 443 }",
-                &model_address,
-            ),
-            (
-                "      transport_socket: { name: envoy.transport_sockets.tls, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, sni: api.example.com } }\n",
-                "",
-            ),
-        ],
+        &replacements,
         admin,
     );
-    Egress {
-        _envoy: envoy,
-        addr: SocketAddr::from(([127, 0, 0, 1], listen)),
-    }
+    (envoy, SocketAddr::from(([127, 0, 0, 1], listen)))
 }
 
 /// Tokens charged so far to one of the budget's limits (Tollgate's metrics).
