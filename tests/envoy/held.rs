@@ -7,8 +7,7 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::common::Tollgate;
@@ -47,44 +46,15 @@ const RATE_LIMITS: &str = "rate_limits:
 /// An upstream that answers after `x-delay-ms`, with `x-usage-tokens` from
 /// `x-used-tokens`.
 fn slow_api() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut writer = stream;
-                loop {
-                    let (mut delay, mut used) = (0u64, None);
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let l = line.trim_end();
-                        if l.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = l.split_once(':') {
-                            if k.eq_ignore_ascii_case("x-delay-ms") {
-                                delay = v.trim().parse().unwrap_or(0);
-                            } else if k.eq_ignore_ascii_case("x-used-tokens") {
-                                used = Some(v.trim().to_owned());
-                            }
-                        }
-                    }
-                    std::thread::sleep(Duration::from_millis(delay));
-                    let usage = used.map_or(String::new(), |t| format!("x-usage-tokens: {t}\r\n"));
-                    let reply = format!("HTTP/1.1 200 OK\r\n{usage}content-length: 2\r\n\r\nok");
-                    if writer.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    crate::common::upstream::Recorder::answering(|request| {
+        let value = |name| crate::common::upstream::header(request, name);
+        let delay = value("x-delay-ms")
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
+        let usage = value("x-used-tokens").map(|t| ("x-usage-tokens".to_owned(), t.to_owned()));
+        (Duration::from_millis(delay), usage.into_iter().collect())
+    })
+    .addr
 }
 
 /// The file's own rate_limits block, to be replaced whole.

@@ -8,8 +8,7 @@
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::common::Tollgate;
@@ -33,43 +32,12 @@ descriptors:
 /// A model API stand-in: answers every request 200 with `x-usage-tokens`
 /// copied from the request's `x-simulated-tokens` (none when absent).
 fn model_api() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut writer = stream;
-                // Keep-alive: one request after another on the connection.
-                loop {
-                    let mut tokens = None;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let l = line.trim_end();
-                        if l.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = l.split_once(':')
-                            && k.eq_ignore_ascii_case("x-simulated-tokens")
-                        {
-                            tokens = Some(v.trim().to_owned());
-                        }
-                    }
-                    let usage =
-                        tokens.map_or(String::new(), |t| format!("x-usage-tokens: {t}\r\n"));
-                    let reply = format!("HTTP/1.1 200 OK\r\n{usage}content-length: 2\r\n\r\nok");
-                    if writer.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    crate::common::upstream::Recorder::answering(|request| {
+        let usage = crate::common::upstream::header(request, "x-simulated-tokens")
+            .map(|t| ("x-usage-tokens".to_owned(), t.to_owned()));
+        (Duration::ZERO, usage.into_iter().collect())
+    })
+    .addr
 }
 
 struct Egress {
