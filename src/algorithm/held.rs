@@ -227,7 +227,12 @@ pub fn reserve(
         };
     }
     // Settle: the real cost, cut to the whole budget as any budget charge.
-    let cost = hits.min(u64::from(quota.limit.max(quota.burst)));
+    let cost = Quota {
+        budget: true,
+        ..*quota
+    }
+    .hits(hits)
+    .charge;
     let reserved = mine.map_or(0, |h| h.amount);
     let after = (used + cost).saturating_sub(reserved);
     let changed = after != used;
