@@ -3,9 +3,35 @@
 //! server, handed to the admin port (which reports it) and to the xDS client
 //! (which marks the first rules in force).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+use crate::store::StoreStatus;
+
+/// What readiness reads of the rest, as handles: the rules in force, the
+/// store's health, and whether a store outage takes the instance out.
+#[derive(Clone)]
+pub(crate) struct Readiness {
+    /// The rules in force, followed across reloads.
+    pub(crate) rules: Arc<dyn Fn() -> Arc<RuleSet> + Send + Sync>,
+    pub(crate) store: StoreStatus,
+    /// `--on-store-error unavailable`.
+    pub(crate) unavailable_on_store_error: bool,
+}
+
+impl Readiness {
+    /// `limiter`'s rules (followed across reloads), store health and choice.
+    pub(crate) fn of(limiter: &Arc<Limiter>) -> Self {
+        let rules = limiter.clone();
+        Self {
+            rules: Arc::new(move || rules.rules()),
+            store: limiter.store().status(),
+            unavailable_on_store_error: limiter.options().unavailable_on_store_error,
+        }
+    }
+}
 
 /// Whether this instance should receive traffic.
 #[derive(Debug, Default)]
@@ -55,17 +81,17 @@ impl Health {
     /// allow elsewhere), whereas failing readiness would pull every replica
     /// at once, and Envoy would then apply its one `failure_mode_deny` to
     /// every rule alike. The outage shows in the body, the logs and metrics.
-    pub(crate) async fn check(&self, limiter: &Limiter) -> Result<Option<String>, String> {
+    pub(crate) async fn check(&self, of: &Readiness) -> Result<Option<String>, String> {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
         }
         if let Some(reason) = self.rules_pending.lock().clone() {
             return Err(reason);
         }
-        if limiter.rules().domain_count() == 0 && !self.empty_rules_ok.load(Ordering::SeqCst) {
+        if (of.rules)().domain_count() == 0 && !self.empty_rules_ok.load(Ordering::SeqCst) {
             return Err("no rules loaded".into());
         }
-        let store = match limiter.store().check().await {
+        let store = match of.store.check().await {
             Ok(()) => Ok(()),
             Err(crate::store::StoreError::CircuitOpen) => {
                 Err("store: Redis unavailable (circuit open)".to_owned())
@@ -79,13 +105,11 @@ impl Health {
         };
         // A data directory that cannot be written: decisions go on from
         // memory (ready), and the note says a crash would lose counts.
-        let data = (limiter.store().as_memory())
-            .and_then(|m| m.persistence())
-            .and_then(|p| p.failing())
+        let data = (of.store.data_failing())
             .map(|why| format!("data directory not written ({why}); counters kept in memory"));
         match store {
             Ok(()) => Ok(data),
-            Err(reason) if limiter.options().unavailable_on_store_error => Err(reason),
+            Err(reason) if of.unavailable_on_store_error => Err(reason),
             Err(reason) => Ok(Some(format!("{reason}; answering from failure modes"))),
         }
     }

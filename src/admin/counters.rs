@@ -74,14 +74,14 @@ pub(super) async fn counters(
         Ok(request) => request,
         Err(refused) => return refused.into_response(),
     };
-    let decision = match s.limiter.peek(&request).await {
+    let decision = match s.handles.operations.peek(&request).await {
         Ok(d) => d,
         Err(e) => return super::limit_error(e),
     };
     if decision.statuses.iter().all(|s| s.limit.is_none()) {
         return super::no_limit(&s, &request);
     }
-    let limits = views(&decision, &request, &s.limiter.rules());
+    let limits = views(&decision, &request, &s.handles.rules());
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::json!({ "limits": limits }).to_string(),
@@ -129,7 +129,7 @@ pub(super) async fn reset(
         Ok(request) => request,
         Err(refused) => return refused.into_response(),
     };
-    match s.limiter.reset(&request).await {
+    match s.handles.operations.reset(&request).await {
         Ok(done) if done.limits == 0 => super::no_limit(&s, &request),
         Ok(done) => {
             let cleared = done.deleted;
@@ -178,7 +178,7 @@ async fn reset_all(s: &AdminState, (who, from): (&str, &str), reset: &BulkReset)
                 .into_response();
         }
     };
-    match s.limiter.reset_all(domain, rule, max_keys).await {
+    match s.handles.operations.reset_all(domain, rule, max_keys).await {
         Ok(n) => {
             let (counters, body) = (n, serde_json::json!({"reset": n, "by": who}));
             tracing::warn!(

@@ -57,8 +57,8 @@ pub(super) async fn limited(
         (Ok(limit), Ok(offset)) => (limit, offset),
         (Err(why), _) | (_, Err(why)) => return (StatusCode::BAD_REQUEST, why).into_response(),
     };
-    let rules = s.limiter.rules();
-    let view = match (query.get("scope"), s.limiter.store().views()) {
+    let rules = s.handles.rules();
+    let view = match (query.get("scope"), s.handles.views.clone()) {
         (None | Some("instance"), _) => {
             limited.view(query.get("domain"), query.get("search"), &rules)
         }

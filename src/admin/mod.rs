@@ -10,6 +10,7 @@ mod body;
 mod counters;
 mod failures;
 mod guard;
+mod handles;
 mod json;
 mod limited;
 mod tokens;
@@ -17,6 +18,7 @@ mod ui;
 
 pub(crate) use failures::FailureLimits;
 pub(crate) use guard::{Access, Peer, RESET_MAX_KEYS};
+pub(crate) use handles::Handles;
 pub use json::request_from_json;
 pub(crate) use tokens::{TokenFile, parse as parse_tokens};
 
@@ -33,13 +35,13 @@ use axum::routing::{get, post};
 use crate::candidate::Candidate;
 use crate::health::Health;
 use crate::limited::Limited;
-use crate::limiter::{LimitError, Limiter};
+use crate::limiter::LimitError;
 use crate::metrics::Others;
 use crate::rlqs::Quotas;
 
 #[derive(Clone)]
 struct AdminState {
-    limiter: Arc<Limiter>,
+    handles: Handles,
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
     limited: Option<Arc<Limited>>,
@@ -49,7 +51,7 @@ struct AdminState {
 
 /// The admin routes.
 pub(crate) fn router(
-    limiter: Arc<Limiter>,
+    handles: Handles,
     quotas: Arc<Quotas>,
     candidate: Option<Arc<Candidate>>,
     limited: Option<Arc<Limited>>,
@@ -80,11 +82,9 @@ pub(crate) fn router(
         .route("/ui", get(ui::page))
         .route("/ui/app.js", get(ui::script))
         .route("/ui/app.css", get(ui::style))
-        .layer(axum::extract::DefaultBodyLimit::max(
-            limiter.options().bounds.request_bytes,
-        ))
+        .layer(axum::extract::DefaultBodyLimit::max(handles.request_bytes))
         .with_state(AdminState {
-            limiter,
+            handles,
             quotas,
             candidate,
             limited,
@@ -97,19 +97,19 @@ pub(crate) fn router(
 /// The reference's stats as Prometheus metrics, through a statsd-exporter
 /// mapping, on `path` (the reference's `PROMETHEUS_ADDR`/`_PATH`).
 pub(crate) fn reference_metrics_router(
-    limiter: Arc<Limiter>,
+    metrics: Arc<crate::metrics::Metrics>,
     path: String,
     mapper: Arc<crate::stats::mapper::Mapper>,
 ) -> Router {
     Router::new().route(
         &path,
         get(move || {
-            let (limiter, mapper) = (limiter.clone(), mapper.clone());
+            let (metrics, mapper) = (metrics.clone(), mapper.clone());
             async move {
                 // Off the runtime that answers health checks: a mapping file
                 // of many regexes makes the first scrape of each name slow.
                 let rendered = tokio::task::spawn_blocking(move || {
-                    mapper.render(&crate::stats::reference_stats(limiter.metrics()))
+                    mapper.render(&crate::stats::reference_stats(&metrics))
                 })
                 .await;
                 match rendered {
@@ -125,7 +125,7 @@ pub(crate) fn reference_metrics_router(
 }
 
 async fn healthcheck(State(s): State<AdminState>) -> Response {
-    match s.health.check(&s.limiter).await {
+    match s.health.check(&s.handles.readiness).await {
         Ok(None) => (StatusCode::OK, "OK\n").into_response(),
         Ok(Some(degraded)) => {
             (StatusCode::OK, format!("OK (degraded: {degraded})\n")).into_response()
@@ -135,25 +135,23 @@ async fn healthcheck(State(s): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    let open = s.limiter.store().circuit_open();
-    s.limiter
-        .metrics()
+    let store = &s.handles.readiness.store;
+    s.handles
+        .metrics
         .circuit_open
-        .store(u64::from(open), Ordering::Relaxed);
-    let text = s.limiter.metrics().render_all(&Others {
+        .store(u64::from(store.circuit_open()), Ordering::Relaxed);
+    let text = s.handles.metrics.render_all(&Others {
         rlqs: s.quotas.metrics_snapshot(),
         candidate: s.candidate.as_ref().map(|c| c.metrics_snapshot()),
         limited: s
             .limited
             .as_ref()
-            .map(|l| l.metrics_snapshot(&s.limiter.rules())),
+            .map(|l| l.metrics_snapshot(&s.handles.rules())),
         admin_refused: s.access.refused(),
         admin_auth_failures: s.access.failures.total(),
         admin_auth_throttled: s.access.failures.throttled_total(),
-        redis: s.limiter.store().events(),
-        data: (s.limiter.store().as_memory())
-            .and_then(|m| m.persistence())
-            .map(|p| p.events()),
+        redis: store.events(),
+        data: store.data_events(),
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -227,7 +225,7 @@ async fn rlqs(
 }
 
 async fn rlconfig(State(s): State<AdminState>) -> Response {
-    let rules = s.limiter.rules().to_string();
+    let rules = s.handles.rules().to_string();
     match s.health.rules_version() {
         Some(version) => format!(
             "# xDS version: {}\n{rules}",
@@ -263,7 +261,7 @@ async fn json(
         Ok(request) => request,
         Err(refused) => return refused.into_response(),
     };
-    match s.limiter.should_rate_limit(&request).await {
+    match s.handles.operations.decide(&request).await {
         Ok(decision) => {
             let code = if decision.over_limit {
                 StatusCode::TOO_MANY_REQUESTS
@@ -302,7 +300,7 @@ fn not_json(s: &AdminState, headers: &HeaderMap, what: &str) -> Option<Response>
 /// lift, which is not success (a ticket closed on `{"reset": 0}` leaves the
 /// client refused). Says so, and where the descriptors to send are found.
 fn no_limit(s: &AdminState, request: &crate::limiter::Request<'_>) -> Response {
-    let rules = s.limiter.rules();
+    let rules = s.handles.rules();
     let domain = request.domain;
     let paths: Vec<&str> = rules
         .rules()

@@ -7,7 +7,7 @@ use super::tests::req;
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
 use crate::rules::RuleSet;
-use crate::store::{MemoryStore, MemoryStoreOptions};
+use crate::store::MemoryStoreOptions;
 
 const RULES: &str = r#"domain: api
 descriptors:
@@ -34,7 +34,7 @@ fn limiter(options: LimiterOptions) -> Limiter {
     let clock = ManualClock::new((1_000 * 60 + 10) * NANOS_PER_SEC);
     Limiter::new(
         rules,
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Store::memory(MemoryStoreOptions::default()),
         Arc::new(clock),
         options,
     )

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
 use crate::rules::RuleSet;
-use crate::store::{MemoryStore, MemoryStoreOptions};
+use crate::store::MemoryStoreOptions;
 
 const RULES: &str = "domain: api
 descriptors:
@@ -25,7 +25,7 @@ fn limiter() -> (Limiter, ManualClock) {
     let clock = ManualClock::new(1_000 * 3600 * NANOS_PER_SEC + 5 * NANOS_PER_SEC);
     let limiter = Limiter::new(
         rules,
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Store::memory(MemoryStoreOptions::default()),
         Arc::new(clock.clone()),
         LimiterOptions::default(),
     );

@@ -4,7 +4,7 @@ use super::*;
 use crate::clock::{ManualClock, NANOS_PER_SEC};
 use crate::rules::RuleSet;
 use crate::rules::Unit;
-use crate::store::{MemoryStore, MemoryStoreOptions};
+use crate::store::MemoryStoreOptions;
 
 const RULES: &str = "domain: api
 descriptors:
@@ -39,7 +39,7 @@ fn limiter_with(store: MemoryStoreOptions) -> (Limiter, ManualClock) {
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
     let limiter = Limiter::new(
         rules,
-        Store::Memory(MemoryStore::new(store)),
+        Store::memory(store),
         Arc::new(clock.clone()),
         LimiterOptions::default(),
     );
@@ -352,7 +352,7 @@ async fn global_quota_mode_refuses_only_when_every_descriptor_is_over() {
     let clock = ManualClock::new(1_000 * 60 * NANOS_PER_SEC);
     let limiter = Limiter::new(
         (*rules).clone(),
-        Store::Memory(MemoryStore::new(MemoryStoreOptions::default())),
+        Store::memory(MemoryStoreOptions::default()),
         Arc::new(clock.clone()),
         LimiterOptions {
             quota_mode: true,

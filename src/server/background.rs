@@ -119,11 +119,12 @@ impl Background {
         health: Arc<Health>,
         reporter: tonic_health::server::HealthReporter,
     ) {
+        let readiness = crate::health::Readiness::of(&limiter);
         self.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let status = match health.check(&limiter).await {
+                let status = match health.check(&readiness).await {
                     Ok(_) => tonic_health::ServingStatus::Serving,
                     Err(_) => tonic_health::ServingStatus::NotServing,
                 };

@@ -315,7 +315,7 @@ fn parts(
         for listener in admin {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let router = crate::admin::router(
-                limiter.clone(),
+                crate::admin::Handles::of(&limiter),
                 quotas.clone(),
                 candidate.as_ref().map(|c| c.candidate.clone()),
                 limited.clone(),
@@ -333,7 +333,7 @@ fn parts(
         if let Some(reference) = reference_metrics {
             let listener = tokio::net::TcpListener::from_std(reference.listener)?;
             let router = crate::admin::reference_metrics_router(
-                limiter.clone(),
+                limiter.metrics().clone(),
                 reference.path,
                 reference.mapper,
             );

@@ -4,69 +4,22 @@
 
 mod batch;
 pub(crate) mod durable;
+mod error;
 mod key;
 pub mod memory;
 pub mod redis;
+mod status;
 
 pub use batch::{
     Check, Commits, HeldCommits, HoldCheck, ScopeTag, Stored, decide_batch, refused, scope_tag,
 };
+pub use error::{ResetError, StoreError};
 pub use key::{CounterKey, KeyParts};
 pub use memory::{MemoryStore, MemoryStoreOptions};
 pub use redis::{QuotaExchange, QuotaTotals};
+pub use status::StoreStatus;
 
 use crate::clock::Nanos;
-
-/// Why a store could not decide.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The memory store is at its key cap and nothing in the shard has expired.
-    #[error("memory store is full ({max_keys} keys, see --max-keys)")]
-    Full {
-        /// The configured cap.
-        max_keys: usize,
-    },
-    /// Redis did not answer within the timeout.
-    #[error("Redis did not answer within {0:?}")]
-    Timeout(std::time::Duration),
-    /// Redis failed repeatedly; calls are not attempted until a probe succeeds.
-    #[error("Redis is unavailable (circuit open, probing in the background)")]
-    CircuitOpen,
-    /// Redis answered with an error, or the connection failed.
-    #[error("Redis error: {message}")]
-    Redis {
-        /// What Redis or the connection said.
-        message: String,
-        /// Whether a retry may succeed.
-        transient: bool,
-    },
-    /// A Redis Cluster hash slot is being migrated and a call's keys are
-    /// not all on one of its two nodes (Redis answered `TRYAGAIN`). The
-    /// Redis store decides such a call key by key instead; it never leaves
-    /// the store.
-    #[error("a Redis Cluster hash slot is being migrated")]
-    Migrating,
-    /// The script answered something it never should.
-    #[error("{0}")]
-    Script(String),
-    /// The store is misconfigured.
-    #[error("{0}")]
-    Config(String),
-}
-
-impl StoreError {
-    /// Whether retrying later may succeed (what the failure mode acts on).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            StoreError::Full { .. }
-            | StoreError::Timeout(_)
-            | StoreError::CircuitOpen
-            | StoreError::Migrating => true,
-            StoreError::Redis { transient, .. } => *transient,
-            StoreError::Script(_) | StoreError::Config(_) => false,
-        }
-    }
-}
 
 /// What an operator's reset deletes.
 pub enum ResetScope<'a> {
@@ -85,19 +38,6 @@ pub enum ResetScope<'a> {
         /// deletes in one cheap pass may ignore it).
         max_keys: usize,
     },
-}
-
-/// Why a reset did not happen.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResetError {
-    /// More counters than the caller's bound: none deleted.
-    #[error(
-        "more than {0} counters match; nothing was reset (send a larger \"max_keys\" to reset them all)"
-    )]
-    TooMany(usize),
-    /// The store failed.
-    #[error("{0}")]
-    Store(StoreError),
 }
 
 /// A handle on the instances' shared views of who is limited (see
@@ -170,29 +110,12 @@ impl Store {
         }
     }
 
-    /// Whether the store answers now: always for the memory store; for
-    /// Redis, its circuit closed and a PING answered (a wrong password or
-    /// certificate is a `Config` error, which no wait cures).
-    pub async fn check(&self) -> Result<(), StoreError> {
+    /// The store's health, as a handle: whether it answers, its circuits,
+    /// its events and its data directory.
+    pub fn status(&self) -> StoreStatus {
         match self {
-            Store::Memory(_) => Ok(()),
-            Store::Redis(redis) if redis.circuit_open() => Err(StoreError::CircuitOpen),
-            Store::Redis(redis) => redis.ping().await,
-        }
-    }
-
-    /// Whether calls to the store are stopped (a shared store's circuit
-    /// is open).
-    pub fn circuit_open(&self) -> bool {
-        matches!(self, Store::Redis(r) if r.circuit_open())
-    }
-
-    /// A shared store's events (confirming PINGs, cancellations), for
-    /// `/metrics`.
-    pub fn events(&self) -> Option<redis::RedisEvents> {
-        match self {
-            Store::Memory(_) => None,
-            Store::Redis(r) => Some(r.events()),
+            Store::Memory(store) => StoreStatus::memory(store.persistence().cloned()),
+            Store::Redis(store) => StoreStatus::redis(store.status()),
         }
     }
 

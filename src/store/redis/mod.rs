@@ -81,6 +81,7 @@ pub struct RedisStore {
     leases: Arc<Leases>,
     views: Views,
     quotas: Quotas,
+    status: RedisStatus,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -106,7 +107,14 @@ impl RedisStore {
             }
         };
         let main = Pool::new(&options);
+        let status = RedisStatus {
+            pools: std::iter::once(&main)
+                .chain(&per_second)
+                .map(|pool| (pool.route().clone(), pool.events().clone()))
+                .collect(),
+        };
         Ok(Self {
+            status,
             views: Views::new(main.route().clone(), &options),
             quotas: Quotas::new(main.route().clone(), &options),
             target: options.target,
@@ -143,15 +151,12 @@ impl RedisStore {
     /// Whether a circuit is open: Redis considered down or, on a Cluster,
     /// at least one master (whose slots get the failure modes).
     pub fn circuit_open(&self) -> bool {
-        self.main.circuit_open()
+        self.status.circuit_open()
     }
 
-    /// The breaker's confirming PINGs and the cancellations of calls with
-    /// no answer, this store's and its per-second pool's together.
-    pub fn events(&self) -> RedisEvents {
-        self.pools()
-            .map(Pool::events)
-            .fold(RedisEvents::default(), |a, b| a + b)
+    /// The store's health as a handle (see [`RedisStatus`]).
+    pub fn status(&self) -> RedisStatus {
+        self.status.clone()
     }
 
     /// Cluster masters whose circuit is open (none off a Cluster).
@@ -162,10 +167,7 @@ impl RedisStore {
     /// Sends PING on this thread's connection (each master's, on a
     /// Cluster), within the store's timeout; the per-second pool's too.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        for pool in self.pools() {
-            pool.ping().await?;
-        }
-        Ok(())
+        self.status.ping().await
     }
 
     /// Connects afresh and sends PING, within the probe timeout.
@@ -263,6 +265,43 @@ impl RedisStore {
             self.pools().filter_map(Pool::over_limit).collect(),
             self.leases.clone(),
         )
+    }
+}
+
+/// A Redis store's health, for the readiness checks and `/metrics`: its
+/// circuits, a PING, its background events; nothing that decides or
+/// resets. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStatus {
+    /// Each pool's route and events, the main pool's first.
+    pools: Vec<(route::Route, Arc<events::Events>)>,
+}
+
+impl RedisStatus {
+    /// Whether the main pool's circuit is open (the server's, or a Cluster
+    /// master's).
+    pub fn circuit_open(&self) -> bool {
+        self.pools
+            .first()
+            .is_some_and(|(route, _)| route.circuit_open())
+    }
+
+    /// PING on this thread's connection (each master's, on a Cluster), the
+    /// per-second pool's too.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        for (route, _) in &self.pools {
+            route.ping().await?;
+        }
+        Ok(())
+    }
+
+    /// The breaker's confirming PINGs and the cancellations of calls with
+    /// no answer, every pool's together.
+    pub fn events(&self) -> RedisEvents {
+        self.pools
+            .iter()
+            .map(|(_, events)| events.snapshot())
+            .fold(RedisEvents::default(), |a, b| a + b)
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::{Events, RedisEvents};
+use super::events::Events;
 use super::options::RedisOptions;
 use super::over_limit::OverLimitCache;
 use super::reset::Counters;
@@ -108,23 +108,13 @@ impl Pool {
         self.exact.give_back(checks, now).await;
     }
 
-    /// PING on this thread's connection (each master's, on a Cluster).
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        self.route.ping().await
-    }
-
     /// A fresh connection and a PING, within the probe timeout.
     pub(super) async fn probe(&self) -> Result<(), StoreError> {
         self.route.probe().await
     }
 
-    /// Whether a circuit is open (the server's, or a Cluster master's).
-    pub(super) fn circuit_open(&self) -> bool {
-        self.route.circuit_open()
-    }
-
     /// What the layers did in the background.
-    pub(super) fn events(&self) -> RedisEvents {
-        self.events.snapshot()
+    pub(super) fn events(&self) -> &Arc<Events> {
+        &self.events
     }
 }
