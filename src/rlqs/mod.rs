@@ -159,4 +159,6 @@ impl RateLimitQuotaService for RlqsService {
 }
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;

@@ -375,6 +375,8 @@ impl fmt::Display for RuleSet {
 }
 
 #[cfg(test)]
+mod bound_tests;
+#[cfg(test)]
 mod shape_tests;
 #[cfg(test)]
 mod tests;
