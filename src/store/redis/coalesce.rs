@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::keys::Slot;
+use super::server::Server;
 use redis::Value;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;

@@ -32,6 +32,7 @@ use super::part::{FIELDS, Part, Rows, ScriptCheck, parse_reply};
 use super::refund::Refunds;
 use super::route::Route;
 use super::script::{Lua, Script};
+use super::server::Server;
 use crate::store::StoreError;
 use redis::Value;
 

@@ -53,6 +53,7 @@ mod refund;
 mod reset;
 mod route;
 mod script;
+mod server;
 mod slots;
 mod views;
 
@@ -68,6 +69,7 @@ use pool::Pool;
 use quota::Quotas;
 pub use quota::{QuotaExchange, QuotaTotals};
 pub use reset::{RESET_WATCH_EVERY, ResetWatch, Wanted};
+use server::Server;
 use views::Views;
 
 /// The Redis or Redis Cluster store.

@@ -11,6 +11,7 @@ use super::options::RedisOptions;
 use super::over_limit::OverLimitCache;
 use super::reset::Counters;
 use super::route::Route;
+use super::server::Server;
 use super::slots::Exact;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};

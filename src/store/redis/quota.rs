@@ -8,6 +8,7 @@ use super::keys::quota_key_names;
 use super::options::RedisOptions;
 use super::route::Route;
 use super::script::{Lua, Script};
+use super::server::Server;
 use crate::algorithm::NANOS_PER_TICK;
 use crate::calendar::Window;
 use crate::clock::Nanos;

@@ -11,6 +11,7 @@ use super::options::RedisOptions;
 use super::part::{Part, batch_call};
 use super::route::Route;
 use super::script::{Invocation, Lua, Script};
+use super::server::Server;
 use crate::store::StoreError;
 use redis::Value;
 

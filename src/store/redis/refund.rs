@@ -13,6 +13,7 @@ use super::options::RedisOptions;
 use super::part::Group;
 use super::route::Route;
 use super::script::{Invocation, Lua, Script};
+use super::server::Server;
 use crate::algorithm::{Algorithm, NANOS_PER_TICK};
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};

@@ -18,6 +18,7 @@ use super::options::RedisOptions;
 use super::over_limit::OverLimitCache;
 use super::route::{Route, within};
 use super::script::{Lua, Script};
+use super::server::Server;
 use crate::clock::Nanos;
 use crate::store::{Check, StoreError};
 

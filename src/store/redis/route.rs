@@ -16,17 +16,21 @@ use super::events::Events;
 use super::keys::Slot;
 use super::options::{RedisOptions, RedisTarget};
 use super::script::Invocation;
+use super::server::Server;
 use crate::store::StoreError;
 
 /// One server or a Cluster; cheap to clone (tasks of their own take one).
 #[derive(Clone)]
-pub(super) enum Route {
+pub(super) struct Route(Kind);
+
+#[derive(Clone)]
+enum Kind {
     Single(Arc<Single>),
     Cluster(Arc<Cluster>),
 }
 
 /// One server: standalone, or Sentinel's master.
-pub(super) struct Single {
+struct Single {
     connections: Connections,
     breaker: Arc<Breaker>,
     /// Confirming PINGs, for `/metrics`.
@@ -40,11 +44,11 @@ pub(super) struct Single {
 impl Route {
     /// The route to `options`' target; connects on first use.
     pub(super) fn new(options: &RedisOptions, events: Arc<Events>) -> Self {
-        match &options.target {
+        Route(match &options.target {
             RedisTarget::Cluster(seeds) => {
-                Route::Cluster(Arc::new(Cluster::new(seeds.clone(), options, events)))
+                Kind::Cluster(Arc::new(Cluster::new(seeds.clone(), options, events)))
             }
-            target => Route::Single(Arc::new(Single {
+            target => Kind::Single(Arc::new(Single {
                 connections: Connections::new(options),
                 breaker: Arc::default(),
                 events,
@@ -52,132 +56,26 @@ impl Route {
                 breaker_threshold: options.breaker_threshold,
                 sentinel: matches!(target, RedisTarget::Sentinel { .. }),
             })),
-        }
+        })
     }
 
     /// Whether keys spread over hash slots (a Cluster): a call holds one
     /// slot's keys.
     pub(super) fn clustered(&self) -> bool {
-        matches!(self, Route::Cluster(_))
-    }
-
-    /// The route's key in each thread's caches (connections, the
-    /// coalescer's queues).
-    pub(super) fn id(&self) -> usize {
-        match self {
-            Route::Single(single) => single.connections.id(),
-            Route::Cluster(cluster) => cluster.id(),
-        }
-    }
-
-    /// How long a probe (a fresh connection and a PING, or a read of the
-    /// Cluster's slot map) may take.
-    pub(super) fn probe_within(&self) -> Duration {
-        match self {
-            Route::Single(single) => single.connections.probe_within(),
-            Route::Cluster(cluster) => cluster.probe_within(),
-        }
-    }
-
-    /// Runs `inv`: on the server, or on the Cluster master serving `slot`.
-    pub(super) async fn invoke(
-        &self,
-        slot: Slot,
-        inv: &Invocation<'_>,
-    ) -> Result<Value, StoreError> {
-        match self {
-            Route::Single(single) => {
-                let mut conn = single.connections.shared(&single.breaker).await?;
-                inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
-            }
-            // Boxed: large, and Cluster only.
-            Route::Cluster(cluster) => Box::pin(cluster.invoke(slot, inv)).await,
-        }
-    }
-
-    /// This thread's connection for a plain command on `slot` (not a
-    /// script: no redirection is followed; a moved slot is found at the
-    /// next call, once the map is read).
-    pub(super) async fn connection(&self, slot: Slot) -> Result<Conn, StoreError> {
-        match self {
-            Route::Single(single) => single.connections.shared(&single.breaker).await,
-            Route::Cluster(cluster) => Box::pin(cluster.connection(slot)).await,
-        }
-    }
-
-    /// This thread's connection to each master (the one server's, off a
-    /// Cluster): where a SCAN must look.
-    pub(super) async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
-        match self {
-            Route::Single(single) => Ok(vec![single.connections.shared(&single.breaker).await?]),
-            Route::Cluster(cluster) => cluster.master_connections().await,
-        }
-    }
-
-    /// `call`, within the store's timeout, its error a store error.
-    pub(super) async fn timed<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, StoreError> {
-        match self {
-            Route::Single(single) => single.connections.timed(call).await,
-            Route::Cluster(cluster) => cluster.timed(call).await,
-        }
-    }
-
-    /// Sends PING on this thread's connection (each master's, on a
-    /// Cluster), within the store's timeout.
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Route::Single(single) => single.connections.ping(&single.breaker).await,
-            Route::Cluster(cluster) => Box::pin(cluster.ping()).await,
-        }
-    }
-
-    /// Connects afresh and sends PING, within the probe timeout.
-    pub(super) async fn probe(&self) -> Result<(), StoreError> {
-        match self {
-            Route::Single(single) => single.connections.probe(&single.breaker).await,
-            Route::Cluster(cluster) => Box::pin(cluster.ping()).await,
-        }
+        matches!(&self.0, Kind::Cluster(_))
     }
 
     /// Whether the one server's circuit is open: no call is tried. (A
     /// Cluster's masters stop calls for their own slots: see
     /// [`Route::slot_open`].)
     pub(super) fn stopped(&self) -> bool {
-        matches!(self, Route::Single(single) if single.breaker.is_open())
-    }
-
-    /// Whether calls for `slot` stop at a breaker: the server's, or that of
-    /// the Cluster master serving it.
-    pub(super) fn slot_open(&self, slot: Slot) -> bool {
-        match self {
-            Route::Single(single) => single.breaker.is_open(),
-            Route::Cluster(cluster) => cluster.slot_open(slot),
-        }
-    }
-
-    /// Whether a circuit is open: the server's, or at least one master's.
-    pub(super) fn circuit_open(&self) -> bool {
-        match self {
-            Route::Single(single) => single.breaker.is_open(),
-            Route::Cluster(cluster) => !cluster.open_masters().is_empty(),
-        }
-    }
-
-    /// Cluster masters whose circuit is open (none off a Cluster).
-    pub(super) fn open_masters(&self) -> Vec<String> {
-        match self {
-            Route::Single(_) => Vec::new(),
-            Route::Cluster(cluster) => cluster.open_masters(),
-        }
+        matches!(&self.0, Kind::Single(single) if single.breaker.is_open())
     }
 
     /// Counts a decision's outcome against the one server's breaker (a
     /// Cluster's masters count their own calls).
     pub(super) fn settle<T>(&self, result: &Result<T, StoreError>) {
-        let Route::Single(single) = self else {
+        let Kind::Single(single) = &self.0 else {
             return;
         };
         match result {
@@ -193,6 +91,139 @@ impl Route {
             }
             Err(_) => {}
         }
+    }
+}
+
+impl Server for Route {
+    fn id(&self) -> usize {
+        match &self.0 {
+            Kind::Single(single) => single.id(),
+            Kind::Cluster(cluster) => cluster.id(),
+        }
+    }
+
+    fn probe_within(&self) -> Duration {
+        match &self.0 {
+            Kind::Single(single) => single.probe_within(),
+            Kind::Cluster(cluster) => cluster.probe_within(),
+        }
+    }
+
+    async fn invoke(&self, slot: Slot, inv: &Invocation<'_>) -> Result<Value, StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.invoke(slot, inv).await,
+            // Boxed: large, and Cluster only.
+            Kind::Cluster(cluster) => Box::pin(cluster.invoke(slot, inv)).await,
+        }
+    }
+
+    async fn connection(&self, slot: Slot) -> Result<Conn, StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.connection(slot).await,
+            Kind::Cluster(cluster) => Box::pin(cluster.connection(slot)).await,
+        }
+    }
+
+    async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.master_connections().await,
+            Kind::Cluster(cluster) => cluster.master_connections().await,
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.timed(call).await,
+            Kind::Cluster(cluster) => cluster.timed(call).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.ping().await,
+            Kind::Cluster(cluster) => Box::pin(cluster.ping()).await,
+        }
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        match &self.0 {
+            Kind::Single(single) => single.probe().await,
+            Kind::Cluster(cluster) => Box::pin(cluster.probe()).await,
+        }
+    }
+
+    fn slot_open(&self, slot: Slot) -> bool {
+        match &self.0 {
+            Kind::Single(single) => single.slot_open(slot),
+            Kind::Cluster(cluster) => cluster.slot_open(slot),
+        }
+    }
+
+    fn circuit_open(&self) -> bool {
+        match &self.0 {
+            Kind::Single(single) => single.circuit_open(),
+            Kind::Cluster(cluster) => cluster.circuit_open(),
+        }
+    }
+
+    fn open_masters(&self) -> Vec<String> {
+        match &self.0 {
+            Kind::Single(single) => single.open_masters(),
+            Kind::Cluster(cluster) => cluster.open_masters(),
+        }
+    }
+}
+
+impl Server for Single {
+    fn id(&self) -> usize {
+        self.connections.id()
+    }
+
+    fn probe_within(&self) -> Duration {
+        self.connections.probe_within()
+    }
+
+    async fn invoke(&self, _slot: Slot, inv: &Invocation<'_>) -> Result<Value, StoreError> {
+        let mut conn = self.connections.shared(&self.breaker).await?;
+        inv.run(&mut conn, false).await.map_err(|e| redis_error(&e))
+    }
+
+    async fn connection(&self, _slot: Slot) -> Result<Conn, StoreError> {
+        self.connections.shared(&self.breaker).await
+    }
+
+    async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
+        Ok(vec![self.connections.shared(&self.breaker).await?])
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        self.connections.timed(call).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.connections.ping(&self.breaker).await
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.connections.probe(&self.breaker).await
+    }
+
+    fn slot_open(&self, _slot: Slot) -> bool {
+        self.breaker.is_open()
+    }
+
+    fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    fn open_masters(&self) -> Vec<String> {
+        Vec::new()
     }
 }
 

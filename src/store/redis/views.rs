@@ -11,6 +11,7 @@ use super::keys::slot_of;
 use super::options::RedisOptions;
 use super::route::{Route, within};
 use super::script::{Lua, Script};
+use super::server::Server;
 use crate::store::StoreError;
 
 /// The instances' views, kept in the shared Redis; cheap to clone.

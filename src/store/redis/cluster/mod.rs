@@ -38,6 +38,7 @@ use super::events::Events;
 use super::keys::Slot;
 use super::options::{RedisOptions, redact};
 use super::script::Invocation;
+use super::server::Server;
 use crate::store::StoreError;
 
 /// Redirections followed for one call before giving up.
@@ -91,144 +92,10 @@ impl Cluster {
         }
     }
 
-    /// The Cluster's key in each thread's caches.
-    pub(super) fn id(&self) -> usize {
-        self.connections.id()
-    }
-
-    /// How long a probe may take.
-    pub(super) fn probe_within(&self) -> Duration {
-        self.connections.probe_within()
-    }
-
-    /// This thread's connection to the master serving `slot`.
-    pub(super) async fn connection(self: &Arc<Self>, slot: Slot) -> Result<Conn, StoreError> {
-        let node = self.owner(slot).await?;
-        self.connection_to(&node).await
-    }
-
-    /// This thread's connection to every master of the map.
-    pub(super) async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
-        let mut conns = Vec::new();
-        for node in self.map.masters() {
-            conns.push(self.connection_to(&node).await?);
-        }
-        Ok(conns)
-    }
-
     async fn connection_to(&self, node: &Node) -> Result<Conn, StoreError> {
         self.connections
             .shared_to(node.id, node.breaker.generation(), &node.url)
             .await
-    }
-
-    /// `call`, within the store's timeout, its error a store error.
-    pub(super) async fn timed<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, StoreError> {
-        self.connections.timed(call).await
-    }
-
-    /// Masters whose circuit is open.
-    pub(super) fn open_masters(&self) -> Vec<String> {
-        self.map.open_masters()
-    }
-
-    /// Runs `inv` on the master serving `slot`, following redirections;
-    /// the caller bounds it by the request's deadline.
-    pub(super) async fn invoke(
-        self: &Arc<Self>,
-        slot: Slot,
-        inv: &Invocation<'_>,
-    ) -> Result<Value, StoreError> {
-        let mut redirect: Option<(Arc<Node>, bool)> = None;
-        let mut redirects = 0;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let (node, asking) = match redirect.take() {
-                Some(to) => to,
-                None => (self.owner(slot).await?, false),
-            };
-            if node.breaker.is_open() {
-                // Traffic for its slots reads the map again (at most every
-                // 50 ms), so they follow a promotion at once.
-                self.refresh_soon();
-                return Err(StoreError::CircuitOpen);
-            }
-            let mut conn = self.connection_to(&node).await?;
-            let mut pending = Pending {
-                cluster: self,
-                node: &node,
-                done: false,
-            };
-            let reply = inv.run(&mut conn, asking).await;
-            pending.done = true;
-            let error = match reply {
-                Ok(value) => {
-                    node.breaker.record_ok();
-                    return Ok(value);
-                }
-                Err(e) => e,
-            };
-            // `MOVED 3999 :6381` leaves the host out: the same as this node's.
-            let redirected = || {
-                error
-                    .redirect_node()
-                    .map(|(addr, _)| match addr.strip_prefix(':') {
-                        Some(port) => {
-                            let host = node.addr.rsplit_once(':').map_or("", |(h, _)| h);
-                            self.map.node(&format!("{host}:{port}"))
-                        }
-                        None => self.map.node(addr),
-                    })
-            };
-            match error.kind() {
-                ErrorKind::Server(ServerErrorKind::Moved) if redirects < MAX_REDIRECTS => {
-                    redirects += 1;
-                    self.refresh_soon();
-                    redirect = redirected().map(|n| (n, false));
-                }
-                ErrorKind::Server(ServerErrorKind::Ask) if redirects < MAX_REDIRECTS => {
-                    redirects += 1;
-                    redirect = redirected().map(|n| (n, true));
-                }
-                // A call whose keys are not all on one of the two nodes of
-                // a slot being migrated: the caller decides it key by key.
-                ErrorKind::Server(ServerErrorKind::TryAgain) if inv.yields_to_migration => {
-                    return Err(StoreError::Migrating);
-                }
-                // Mid-migration (the keys split between the two nodes), or
-                // a master just demoted or not yet in charge: pause, then
-                // ask the slot's master (by the map) again. The caller's
-                // deadline ends this.
-                ErrorKind::Server(
-                    ServerErrorKind::TryAgain
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ClusterDown,
-                ) => {
-                    if !matches!(error.kind(), ErrorKind::Server(ServerErrorKind::TryAgain)) {
-                        self.refresh_soon();
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_TRYAGAIN_PAUSE);
-                }
-                _ => {
-                    let failure = redis_error(&error);
-                    if failure.is_transient() {
-                        self.node_failed(&node, &failure);
-                        self.refresh_soon();
-                    }
-                    return Err(failure);
-                }
-            }
-        }
-    }
-
-    /// Whether calls for `slot` stop at the breaker of the master serving it.
-    pub(super) fn slot_open(&self, slot: Slot) -> bool {
-        self.map.owner(slot).is_some_and(|n| n.breaker.is_open())
     }
 
     /// The master serving `slot`; the map is read first if there is none.
@@ -336,44 +203,6 @@ impl Cluster {
         }
     }
 
-    /// Every master of the map answers PING (the map is read first): what
-    /// readiness asks. The error names the masters that do not.
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        self.refresh(self.map.version()).await?;
-        let masters = self.map.masters();
-        let pings = masters.iter().map(|m| async move {
-            match self.probe_node(m).await {
-                Ok(()) => None,
-                Err(e @ StoreError::Config(_)) => Some((m.addr.clone(), e, true)),
-                Err(e) => Some((m.addr.clone(), e, false)),
-            }
-        });
-        let failing: Vec<_> = futures_util::future::join_all(pings)
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
-        if let Some((_, e, true)) = failing.iter().find(|(_, _, config)| *config) {
-            return Err(e.clone());
-        }
-        if failing.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<String> = failing
-            .iter()
-            .map(|(addr, e, _)| format!("{addr}: {e}"))
-            .collect();
-        Err(StoreError::Redis {
-            message: format!(
-                "{} of {} Redis Cluster masters do not answer ({}); their slots are answered from failure modes",
-                failing.len(),
-                masters.len(),
-                names.join("; ")
-            ),
-            transient: true,
-        })
-    }
-
     /// Counts a transient failure of `node`. At the threshold the node is
     /// asked a PING on a fresh connection; only a node that fails it too
     /// has its breaker opened, and then only its slots are answered from
@@ -441,5 +270,185 @@ impl Cluster {
                 }
             }
         });
+    }
+}
+
+impl Server for Arc<Cluster> {
+    /// The Cluster's key in each thread's caches.
+    fn id(&self) -> usize {
+        self.connections.id()
+    }
+
+    /// How long a probe may take.
+    fn probe_within(&self) -> Duration {
+        self.connections.probe_within()
+    }
+
+    /// This thread's connection to the master serving `slot`.
+    async fn connection(&self, slot: Slot) -> Result<Conn, StoreError> {
+        let node = self.owner(slot).await?;
+        self.connection_to(&node).await
+    }
+
+    /// This thread's connection to every master of the map.
+    async fn master_connections(&self) -> Result<Vec<Conn>, StoreError> {
+        let mut conns = Vec::new();
+        for node in self.map.masters() {
+            conns.push(self.connection_to(&node).await?);
+        }
+        Ok(conns)
+    }
+
+    /// `call`, within the store's timeout, its error a store error.
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        self.connections.timed(call).await
+    }
+
+    /// Masters whose circuit is open.
+    fn open_masters(&self) -> Vec<String> {
+        self.map.open_masters()
+    }
+
+    /// Runs `inv` on the master serving `slot`, following redirections;
+    /// the caller bounds it by the request's deadline.
+    async fn invoke(&self, slot: Slot, inv: &Invocation<'_>) -> Result<Value, StoreError> {
+        let mut redirect: Option<(Arc<Node>, bool)> = None;
+        let mut redirects = 0;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let (node, asking) = match redirect.take() {
+                Some(to) => to,
+                None => (self.owner(slot).await?, false),
+            };
+            if node.breaker.is_open() {
+                // Traffic for its slots reads the map again (at most every
+                // 50 ms), so they follow a promotion at once.
+                self.refresh_soon();
+                return Err(StoreError::CircuitOpen);
+            }
+            let mut conn = self.connection_to(&node).await?;
+            let mut pending = Pending {
+                cluster: self,
+                node: &node,
+                done: false,
+            };
+            let reply = inv.run(&mut conn, asking).await;
+            pending.done = true;
+            let error = match reply {
+                Ok(value) => {
+                    node.breaker.record_ok();
+                    return Ok(value);
+                }
+                Err(e) => e,
+            };
+            // `MOVED 3999 :6381` leaves the host out: the same as this node's.
+            let redirected = || {
+                error
+                    .redirect_node()
+                    .map(|(addr, _)| match addr.strip_prefix(':') {
+                        Some(port) => {
+                            let host = node.addr.rsplit_once(':').map_or("", |(h, _)| h);
+                            self.map.node(&format!("{host}:{port}"))
+                        }
+                        None => self.map.node(addr),
+                    })
+            };
+            match error.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    self.refresh_soon();
+                    redirect = redirected().map(|n| (n, false));
+                }
+                ErrorKind::Server(ServerErrorKind::Ask) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    redirect = redirected().map(|n| (n, true));
+                }
+                // A call whose keys are not all on one of the two nodes of
+                // a slot being migrated: the caller decides it key by key.
+                ErrorKind::Server(ServerErrorKind::TryAgain) if inv.yields_to_migration => {
+                    return Err(StoreError::Migrating);
+                }
+                // Mid-migration (the keys split between the two nodes), or
+                // a master just demoted or not yet in charge: pause, then
+                // ask the slot's master (by the map) again. The caller's
+                // deadline ends this.
+                ErrorKind::Server(
+                    ServerErrorKind::TryAgain
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ClusterDown,
+                ) => {
+                    if !matches!(error.kind(), ErrorKind::Server(ServerErrorKind::TryAgain)) {
+                        self.refresh_soon();
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_TRYAGAIN_PAUSE);
+                }
+                _ => {
+                    let failure = redis_error(&error);
+                    if failure.is_transient() {
+                        self.node_failed(&node, &failure);
+                        self.refresh_soon();
+                    }
+                    return Err(failure);
+                }
+            }
+        }
+    }
+
+    /// Whether calls for `slot` stop at the breaker of the master serving it.
+    fn slot_open(&self, slot: Slot) -> bool {
+        self.map.owner(slot).is_some_and(|n| n.breaker.is_open())
+    }
+
+    /// Every master of the map answers PING (the map is read first): what
+    /// readiness asks. The error names the masters that do not.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.refresh(self.map.version()).await?;
+        let masters = self.map.masters();
+        let pings = masters.iter().map(|m| async move {
+            match self.probe_node(m).await {
+                Ok(()) => None,
+                Err(e @ StoreError::Config(_)) => Some((m.addr.clone(), e, true)),
+                Err(e) => Some((m.addr.clone(), e, false)),
+            }
+        });
+        let failing: Vec<_> = futures_util::future::join_all(pings)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if let Some((_, e, true)) = failing.iter().find(|(_, _, config)| *config) {
+            return Err(e.clone());
+        }
+        if failing.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = failing
+            .iter()
+            .map(|(addr, e, _)| format!("{addr}: {e}"))
+            .collect();
+        Err(StoreError::Redis {
+            message: format!(
+                "{} of {} Redis Cluster masters do not answer ({}); their slots are answered from failure modes",
+                failing.len(),
+                masters.len(),
+                names.join("; ")
+            ),
+            transient: true,
+        })
+    }
+
+    /// As [`Server::ping`]: a Cluster's probe reads its map and asks each
+    /// master.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.ping().await
+    }
+
+    fn circuit_open(&self) -> bool {
+        !self.open_masters().is_empty()
     }
 }
