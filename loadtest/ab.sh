@@ -10,6 +10,9 @@
 #   SERVE_ARGS="--candidate-rules loadtest/rules-grpc.yaml" loadtest/ab.sh A B   # more serve flags, both sides
 #   RULES=loadtest/rules-grpc-refused.yaml loadtest/ab.sh A B                   # other rules (default rules-grpc.yaml)
 #   SERVE_ARGS_B="--data-dir /tmp/ab-data" loadtest/ab.sh A A                    # one build, a flag on B's side only
+#   FLUSH_REDIS_PORT=16400 SERVE_ARGS="--store redis --redis-url redis://127.0.0.1:16400" loadtest/ab.sh A B
+#       # Redis emptied before each run: otherwise each run finds the keys of
+#       # the runs before it (100,000 a run), and the later side pays for them
 # Keep a build for later with: cp target/release/tollgate{,-load} /tmp/before/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,7 @@ for i in $(seq 1 "${PAIRS:-5}"); do
         dir=$1; [ "$side" = B ] && dir=$2
         side_args=; [ "$side" = B ] && side_args=${SERVE_ARGS_B:-}
         port=$(free_port)
+        [ -n "${FLUSH_REDIS_PORT:-}" ] && redis-cli -p "$FLUSH_REDIS_PORT" flushall >/dev/null
         taskset -c 0 "$dir/tollgate" serve --rules "${RULES:-loadtest/rules-grpc.yaml}" --grpc-addr "127.0.0.1:$port" \
             --workers 1 --log-level warn --watch-rules off --admin-addr 127.0.0.1:0 ${SERVE_ARGS:-} $side_args >/dev/null 2>&1 &
         server=$!

@@ -20,17 +20,22 @@ tokio::task_local! {
 impl CallIds {
     /// The ids in a call's headers; `None` when it carries neither.
     pub(crate) fn from_headers(headers: &http::HeaderMap) -> Option<Self> {
-        let text = |name: &str| {
+        // Names made once: a name given as text is parsed at every lookup,
+        // and this runs for every call.
+        static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+        static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+        static B3_TRACE_ID: http::HeaderName = http::HeaderName::from_static("x-b3-traceid");
+        let text = |name: &http::HeaderName| {
             headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
         };
-        let request_id = text("x-request-id").map(cut);
-        let trace_id = text("traceparent")
+        let request_id = text(&REQUEST_ID).map(cut);
+        let trace_id = text(&TRACEPARENT)
             .and_then(|t| t.split('-').nth(1))
-            .or_else(|| text("x-b3-traceid"))
+            .or_else(|| text(&B3_TRACE_ID))
             .map(cut);
         (request_id.is_some() || trace_id.is_some()).then_some(Self {
             request_id,

@@ -164,6 +164,20 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Writes `key` as no script of Tollgate's would: `lua` is a Lua
+    /// expression, a table packed as MessagePack, anything else as it is
+    /// (a poisoned value for the scripts to read).
+    pub fn poison(&self, key: &str, lua: &str) {
+        let script = format!(
+            "local v = {lua}; if type(v) == 'table' then v = cmsgpack.pack(v) end; return redis.call('SET', KEYS[1], v)"
+        );
+        assert_eq!(
+            self.cli(&["EVAL", &script, "1", key]).trim(),
+            "OK",
+            "{key} = {lua}"
+        );
+    }
+
     /// Kills the server (SIGKILL: no goodbye to clients).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -271,14 +271,7 @@ async fn values_no_script_wrote_hold_nothing(redis: &RedisServer, server: &Serve
     {
         let user = format!("poisoned-{i}");
         let key = format!("tollgate:{{held|user={user}}}:if");
-        let script = format!(
-            "local v = {poison}; if type(v) == 'table' then v = cmsgpack.pack(v) end; return redis.call('SET', KEYS[1], v)"
-        );
-        assert_eq!(
-            redis.cli(&["EVAL", &script, "1", &key]).trim(),
-            "OK",
-            "{poison}"
-        );
+        redis.poison(&key, poison);
         for n in 0..6 {
             let id = format!("p{n}");
             let answer = ask(

@@ -150,14 +150,7 @@ async fn values_no_script_wrote_read_as_an_empty_log(redis: &RedisServer, server
     for (i, poison) in poisons.iter().enumerate() {
         let user = format!("poisoned-{i}");
         let key = format!("tollgate:{{log|reset={user}}}:sl:hour");
-        let script = format!(
-            "local v = {poison}; if type(v) == 'table' then v = cmsgpack.pack(v) end; return redis.call('SET', KEYS[1], v)"
-        );
-        assert_eq!(
-            redis.cli(&["EVAL", &script, "1", &key]).trim(),
-            "OK",
-            "{poison}"
-        );
+        redis.poison(&key, poison);
         for n in 0..6 {
             let both = request(
                 "log",

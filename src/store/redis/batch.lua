@@ -181,6 +181,10 @@ end
 -- are applied whatever the request's other checks decide.
 local SECOND = {[string.byte('r')] = true, [string.byte('e')] = true}
 local AFTER = {[string.byte('o')] = true, [string.byte('e')] = true}
+-- Codes that hold (a slot taken, a reservation made): a refused request
+-- does not ask them again for what was left (asking takes or reserves), and
+-- reports their rows as decided.
+local HOLDS = {[string.byte('i')] = true, [string.byte('r')] = true}
 -- Counters a reservation wrote: never in the call's receipt, since taking
 -- the hits back would leave the reservation to be refunded once more.
 local no_undo = {}
@@ -245,7 +249,7 @@ local function several(first, checks, now, o)
     for i = 0, checks - 1 do
       if out[o + i * 3 + 1] == 1 then
         local b = first + i * FIELDS
-        if not AFTER[input[b]] and input[b] ~= string.byte('i') and input[b] ~= string.byte('r') then
+        if not AFTER[input[b]] and not HOLDS[input[b]] then
           local _, remaining = ALG[input[b]](
             input[b + 1], input[b + 2], now, input[b + 3], input[b + 4], input[b + 5],
             1, 0, read, read_log, read_held)
@@ -331,26 +335,24 @@ for _, key in ipairs(committed_order) do
   elseif type(value) == 'table' then
     redis.call('SET', KEYS[key], cmsgpack.pack(value), 'PXAT',
       integer(math.ceil(committed_exp[key] / 1000)))
-  elseif no_undo[key] and windowed[key] and value < EXACT and raw[key] == integer(was) then
-    redis.call('INCRBY', KEYS[key], integer(value - was))
-  elseif no_undo[key] then
-    redis.call('SET', KEYS[key], integer(value), 'PXAT',
-      integer(math.ceil(committed_exp[key] / 1000)))
-  elseif windowed[key] and value < EXACT and raw[key] == integer(was) then
-    undo[#undo + 1] = key
-    undo[#undo + 1] = value - was
-    -- A window counter that exists already has the expiry its window gives
-    -- it (every write of a new key sets it, below): INCRBY keeps it, and
-    -- costs Redis about 60 % of a SET with PXAT on a key out of the cache.
-    -- Only on a value written as Tollgate writes integers: Lua reads more
-    -- as numbers than INCRBY takes (' 7', '0x10', '1e3', '7.5'), and an
-    -- INCRBY error would fail the whole call, everyone's requests in it.
-    redis.call('INCRBY', KEYS[key], integer(value - was))
   else
-    undo[#undo + 1] = key
-    undo[#undo + 1] = value - was
-    redis.call('SET', KEYS[key], integer(value), 'PXAT',
-      integer(math.ceil(committed_exp[key] / 1000)))
+    if windowed[key] and value < EXACT and raw[key] == integer(was) then
+      -- A window counter that exists already has the expiry its window
+      -- gives it (every write of a new key sets it, below): INCRBY keeps
+      -- it, and costs Redis about 60 % of a SET with PXAT on a key out of
+      -- the cache. Only on a value written as Tollgate writes integers:
+      -- Lua reads more as numbers than INCRBY takes (' 7', '0x10', '1e3',
+      -- '7.5'), and an INCRBY error would fail the whole call, everyone's
+      -- requests in it.
+      redis.call('INCRBY', KEYS[key], integer(value - was))
+    else
+      redis.call('SET', KEYS[key], integer(value), 'PXAT',
+        integer(math.ceil(committed_exp[key] / 1000)))
+    end
+    if not no_undo[key] then
+      undo[#undo + 1] = key
+      undo[#undo + 1] = value - was
+    end
   end
 end
 if receipt and #undo > 0 then

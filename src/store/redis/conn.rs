@@ -126,7 +126,13 @@ impl Connections {
         if let Some(conn) = cached(self.id, generation) {
             return Ok(conn);
         }
-        let conn = self.timed(self.connect(self.timeout, breaker)).await?;
+        // Type-erased, as for a Cluster node: connecting (behind Sentinel,
+        // asking the sentinels first) is a deep future of several KB, and
+        // every request's call would carry it, built and copied with the
+        // call whether or not it connects.
+        let connect: futures_util::future::BoxFuture<'_, _> =
+            Box::pin(self.connect(self.timeout, breaker));
+        let conn = self.timed(connect).await?;
         CONNECTIONS.with(|c| c.borrow_mut().insert(self.id, (generation, conn.clone())));
         Ok(conn)
     }
