@@ -291,6 +291,95 @@ async fn a_reset_on_one_instance_lifts_the_others_over_limit_cache_at_once() {
     }
 }
 
+/// A reset the other instances were not told of is not done: 503 saying
+/// the counters were deleted and the others not told, and sent again it
+/// completes. An epoch no script wrote (it failed every reset's raise)
+/// starts again instead.
+#[tokio::test]
+async fn a_reset_the_others_were_not_told_of_says_so_and_completes_when_sent_again() {
+    // A token bucket: no window edge for the wall clock to cross mid-test.
+    const RULES: &str = "domain: r
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
+";
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        url.as_str(),
+        "--over-limit-cache",
+        "on",
+    ];
+    let (a, _ta) = with_token(RULES, &args);
+    let (b, _tb) = with_token(RULES, &args);
+    let refused_on_b = async |user: &str| {
+        while code(&b, "r", "user", user).await == OK {}
+        // Answered from B's over-limit cache from now on.
+        assert_eq!(code(&b, "r", "user", user).await, OVER);
+    };
+    let lifted_on_b = async |user: &str| {
+        let asked = Instant::now();
+        while code(&b, "r", "user", user).await != OK {
+            assert!(
+                asked.elapsed() < Duration::from_millis(600),
+                "B still refuses {user} {:?} after A's reset",
+                asked.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    // An epoch no script wrote: the reset still reaches B.
+    refused_on_b("ann").await;
+    redis.cli(&["SET", "tollgate:{resets}:epoch", "junk"]);
+    let r = reset(admin(&a), &one("r", "user", "ann"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    lifted_on_b("ann").await;
+
+    // The epoch cannot be raised (its key read-only to Tollgate's user):
+    // the counters are deleted, B is not told, and the answer says so.
+    refused_on_b("bob").await;
+    assert_eq!(
+        redis
+            .cli(&[
+                "ACL",
+                "SETUSER",
+                "default",
+                "resetkeys",
+                "~tollgate:{r|*",
+                "~tollgate:{limited}*",
+                "%R~tollgate:{resets}*",
+            ])
+            .trim(),
+        "OK"
+    );
+    let r = reset(admin(&a), &one("r", "user", "bob"));
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        r.body
+            .contains("the counters were deleted, but the other instances were not told")
+            && r.body.contains("send the reset again"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        code(&b, "r", "user", "bob").await,
+        OVER,
+        "B was not told: its cache still answers"
+    );
+    // Sent again once the epoch can be raised: done, and B admits bob.
+    assert_eq!(
+        redis.cli(&["ACL", "SETUSER", "default", "allkeys"]).trim(),
+        "OK"
+    );
+    let r = reset(admin(&a), &one("r", "user", "bob"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    lifted_on_b("bob").await;
+}
+
 #[tokio::test]
 async fn bulk_resets_cover_the_per_second_pool_and_the_local_fallback() {
     let mut redis = RedisServer::start();

@@ -224,7 +224,7 @@ impl RedisStore {
             pool.forget_refusals();
             self.leases.forget(&checks);
         }
-        self.main.counters().announce().await;
+        self.main.counters().announce().await?;
         Ok(deleted)
     }
 
@@ -256,7 +256,11 @@ impl RedisStore {
                 .map_err(ResetError::Store)?;
         }
         self.watch().forget_all();
-        self.main.counters().announce().await;
+        self.main
+            .counters()
+            .announce()
+            .await
+            .map_err(ResetError::Store)?;
         Ok(deleted)
     }
 

@@ -133,10 +133,11 @@ impl Counters {
     }
 
     /// Raises the reset epoch, so every instance forgets what it remembers
-    /// ([`ResetWatch`]). The counters are gone already: a failure here is
-    /// logged (the others then forget their over-limit answers only as
-    /// those end, at the latest when the window does).
-    pub(super) async fn announce(&self) {
+    /// ([`ResetWatch`]). The counters are gone already when this runs; if
+    /// it fails, the others forget their over-limit answers only as those
+    /// end (at the latest when the window does), so the reset is not done:
+    /// the error says so, and sending the reset again completes it.
+    pub(super) async fn announce(&self) -> Result<(), StoreError> {
         let key = self.epoch_key();
         let mut inv = self.epoch.prepare_invoke();
         inv.key(key.as_str());
@@ -145,9 +146,17 @@ impl Counters {
             self.route.invoke(slot_of(key.as_bytes()), &inv),
         )
         .await;
-        if let Err(error) = raised {
-            tracing::warn!(%error, "reset done, but the other instances were not told: their over-limit caches answer until their windows end");
-        }
+        raised.map(drop).map_err(|error| {
+            tracing::warn!(%error, "reset done here, but the other instances were not told");
+            StoreError::Redis {
+                message: format!(
+                    "the counters were deleted, but the other instances were not told ({error}): \
+                     their over-limit caches and leases may refuse until their windows end; \
+                     send the reset again"
+                ),
+                transient: true,
+            }
+        })
     }
 
     /// Reads the reset epoch with a plain GET (not a script: a script call
