@@ -234,9 +234,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1, failure_mode: local}
 ";
 
-#[tokio::test]
-async fn a_reset_on_one_instance_lifts_the_others_over_limit_cache_at_once() {
-    let redis = RedisServer::start();
+/// Two instances with a reset token on `redis`, each with its over-limit
+/// cache.
+fn two_with_over_limit_caches(
+    rules: &str,
+    redis: &RedisServer,
+) -> ((Tollgate, tempfile::TempDir), (Tollgate, tempfile::TempDir)) {
     let url = redis.url();
     let args = [
         "--store",
@@ -246,8 +249,13 @@ async fn a_reset_on_one_instance_lifts_the_others_over_limit_cache_at_once() {
         "--over-limit-cache",
         "on",
     ];
-    let (a, _ta) = with_token(REDIS_RULES, &args);
-    let (b, _tb) = with_token(REDIS_RULES, &args);
+    (with_token(rules, &args), with_token(rules, &args))
+}
+
+#[tokio::test]
+async fn a_reset_on_one_instance_lifts_the_others_over_limit_cache_at_once() {
+    let redis = RedisServer::start();
+    let ((a, _ta), (b, _tb)) = two_with_over_limit_caches(REDIS_RULES, &redis);
     for _ in 0..2 {
         assert_eq!(code(&b, "r", "user", "ann").await, OK);
     }
@@ -304,17 +312,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
 ";
     let redis = RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--store",
-        "redis",
-        "--redis-url",
-        url.as_str(),
-        "--over-limit-cache",
-        "on",
-    ];
-    let (a, _ta) = with_token(RULES, &args);
-    let (b, _tb) = with_token(RULES, &args);
+    let ((a, _ta), (b, _tb)) = two_with_over_limit_caches(RULES, &redis);
     let refused_on_b = async |user: &str| {
         while code(&b, "r", "user", user).await == OK {}
         // Answered from B's over-limit cache from now on.
