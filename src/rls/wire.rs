@@ -8,6 +8,8 @@
 //! a test compares the two on generated decisions), from the decision as it
 //! is.
 
+use std::sync::Arc;
+
 use crate::clock::Nanos;
 use crate::limiter::{AppliedLimit, Deciding, Decision, DescriptorStatus};
 
@@ -124,9 +126,9 @@ fn header_len(key: &str, value: &str) -> usize {
 
 /// The deciding rule's `file:line`, in pieces (no allocation for a UTF-8
 /// path): the file, and the line's digits.
-fn source_parts(d: &Deciding) -> (std::borrow::Cow<'_, str>, ([u8; 10], usize)) {
+fn source_parts(rule: &crate::rules::Rule) -> (std::borrow::Cow<'_, str>, ([u8; 10], usize)) {
     let mut digits = [0u8; 10];
-    let mut n = d.rule.source.line;
+    let mut n = rule.source.line;
     let mut len = 0;
     loop {
         digits[len] = b'0' + (n % 10) as u8;
@@ -139,7 +141,7 @@ fn source_parts(d: &Deciding) -> (std::borrow::Cow<'_, str>, ([u8; 10], usize)) 
     digits[..len].reverse();
     // `to_str` first: `to_string_lossy` walks a valid path chunk by chunk,
     // several times slower, and this runs for every answer.
-    let file = &d.rule.source.file;
+    let file = &rule.source.file;
     let file = match file.to_str() {
         Some(file) => std::borrow::Cow::Borrowed(file),
         None => file.to_string_lossy(),
@@ -160,18 +162,55 @@ fn entry_len(key: &str, value_len: usize) -> usize {
 /// A `Value` holding a number (`number_value` = 2, a double).
 const NUMBER_VALUE_LEN: usize = 1 + 8;
 
-/// The `Struct`'s length: `rule` (the path), `name` (when the rule has
-/// one), `source` (`file:line`), `remaining` (a number).
-fn metadata_len(d: &Deciding) -> usize {
-    let (file, (_, digits)) = source_parts(d);
-    let string_entry = |key: &str, len: usize| len_field_len(entry_len(key, string_value_len(len)));
-    string_entry("rule", d.rule.path.len())
-        + d.rule
-            .name
-            .as_deref()
-            .map_or(0, |n| string_entry("name", n.len()))
-        + string_entry("source", file.len() + 1 + digits)
-        + len_field_len(entry_len("remaining", NUMBER_VALUE_LEN))
+/// The `Struct`'s length: the entries that name the rule (see [`named`])
+/// and `remaining` (a number).
+fn metadata_len(named: &[u8]) -> usize {
+    named.len() + len_field_len(entry_len("remaining", NUMBER_VALUE_LEN))
+}
+
+/// The `Struct` entries that name a rule: `rule` (the path), `name` (when
+/// the rule has one), `source` (`file:line`).
+fn put_named(out: &mut Vec<u8>, rule: &crate::rules::Rule) {
+    put_string_entry(out, "rule", &[rule.path.as_bytes()]);
+    if let Some(name) = rule.name.as_deref() {
+        put_string_entry(out, "name", &[name.as_bytes()]);
+    }
+    let (file, (digits, n)) = source_parts(rule);
+    put_string_entry(out, "source", &[file.as_bytes(), b":", &digits[..n]]);
+}
+
+/// Rules whose naming entries a thread has encoded, by the address of the
+/// rule (held, so the address is never another rule's).
+const NAMED_SLOTS: usize = 64;
+
+/// A rule and its naming entries, encoded.
+type Named = Option<(Arc<crate::rules::Rule>, Box<[u8]>)>;
+
+thread_local! {
+    static NAMED: std::cell::RefCell<[Named; NAMED_SLOTS]> =
+        const { std::cell::RefCell::new([const { None }; NAMED_SLOTS]) };
+}
+
+/// `f` of the entries that name `rule`, encoded once per rule and thread
+/// (every answer the rule decides carries the same: encoding them each
+/// time was about 700 instructions an answer). A slot holds the last rule
+/// that fell in it: a reload's old rules leave as new ones take their
+/// slots, at most [`NAMED_SLOTS`] of them per thread.
+fn named<R>(rule: &Arc<crate::rules::Rule>, f: impl FnOnce(&[u8]) -> R) -> R {
+    NAMED.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let at = Arc::as_ptr(rule) as usize;
+        let slot = &mut cache[(at >> 4 ^ at >> 12) % NAMED_SLOTS];
+        match slot {
+            Some((held, bytes)) if Arc::ptr_eq(held, rule) => f(bytes),
+            _ => {
+                let mut bytes = Vec::with_capacity(128);
+                put_named(&mut bytes, rule);
+                let (_, bytes) = slot.insert((rule.clone(), bytes.into_boxed_slice()));
+                f(bytes)
+            }
+        }
+    })
 }
 
 /// A string entry of the `Struct`.
@@ -191,13 +230,10 @@ fn put_string_entry(out: &mut Vec<u8>, key: &str, pieces: &[&[u8]]) {
 /// (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit:rule)%` in an access
 /// log). Keys in order, as readers find them by name.
 fn put_metadata(out: &mut Vec<u8>, d: &Deciding) {
-    put_len_header(out, 6, metadata_len(d));
-    put_string_entry(out, "rule", &[d.rule.path.as_bytes()]);
-    if let Some(name) = d.rule.name.as_deref() {
-        put_string_entry(out, "name", &[name.as_bytes()]);
-    }
-    let (file, (digits, n)) = source_parts(d);
-    put_string_entry(out, "source", &[file.as_bytes(), b":", &digits[..n]]);
+    named(&d.rule, |named| {
+        put_len_header(out, 6, metadata_len(named));
+        out.extend_from_slice(named);
+    });
     put_len_header(out, 1, entry_len("remaining", NUMBER_VALUE_LEN));
     put_string_field(out, 1, "remaining");
     put_len_header(out, 2, NUMBER_VALUE_LEN);
@@ -207,10 +243,9 @@ fn put_metadata(out: &mut Vec<u8>, d: &Deciding) {
 
 /// The encoded length of the decision's `RateLimitResponse`.
 pub(crate) fn encoded_len(d: &Decision) -> usize {
-    d.deciding
-        .as_ref()
-        .map_or(0, |m| len_field_len(metadata_len(m)))
-        + varint_field_len(code(d.over_limit))
+    d.deciding.as_ref().map_or(0, |m| {
+        named(&m.rule, |named| len_field_len(metadata_len(named)))
+    }) + varint_field_len(code(d.over_limit))
         + d.statuses
             .iter()
             .map(|s| len_field_len(status_len(s, nested(s))))
@@ -376,6 +411,53 @@ mod tests {
             encode(&d, &mut out);
             prop_assert_eq!(encoded_len(&d), out.len());
             prop_assert_eq!(out, expected);
+        }
+    }
+
+    /// Each thread keeps the naming entries of the rules it answered for:
+    /// more rules than it keeps, answered in turns, and a reload's rules
+    /// of the same paths, are each named by their own entries.
+    #[test]
+    fn each_rule_is_named_by_its_own_entries_whatever_was_answered_before() {
+        let yaml: String = (0..200)
+            .map(|i| {
+                format!(
+                    "  - key: k{i}\n    rate_limit: {{unit: minute, requests_per_unit: {}}}\n",
+                    i + 1
+                )
+            })
+            .collect();
+        let load = || {
+            crate::rules::RuleSet::from_yaml(&format!("domain: d\ndescriptors:\n{yaml}"))
+                .expect("rules")
+        };
+        let (old, reloaded) = (load(), load());
+        for _ in 0..2 {
+            for rules in [&old, &reloaded] {
+                for rule in rules.rules() {
+                    let decision = Decision {
+                        over_limit: false,
+                        statuses: Vec::new(),
+                        headers: Vec::new(),
+                        request_headers: Vec::new(),
+                        body: None,
+                        deciding: Some(Deciding {
+                            rule: rule.clone(),
+                            remaining: 3,
+                        }),
+                    };
+                    let mut out = Vec::new();
+                    encode(&decision, &mut out);
+                    assert_eq!(encoded_len(&decision), out.len());
+                    let mut own = Vec::new();
+                    put_named(&mut own, rule);
+                    assert!(
+                        out.windows(own.len()).any(|w| w == own.as_slice()),
+                        "{} is not named by its own entries",
+                        rule.path
+                    );
+                }
+            }
         }
     }
 
