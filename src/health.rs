@@ -24,9 +24,8 @@ pub(crate) struct Readiness {
 impl Readiness {
     /// `limiter`'s rules (followed across reloads), store health and choice.
     pub(crate) fn of(limiter: &Arc<Limiter>) -> Self {
-        let rules = limiter.clone();
         Self {
-            rules: Arc::new(move || rules.rules()),
+            rules: limiter.rules_in_force(),
             store: limiter.store().status(),
             unavailable_on_store_error: limiter.options().unavailable_on_store_error,
         }

@@ -252,6 +252,13 @@ impl Limiter {
         self.rules.load().rules().clone()
     }
 
+    /// The rules in force whenever it is called (a reload reaches the
+    /// caller): for the parts that hold handles rather than the limiter.
+    pub fn rules_in_force(self: &Arc<Self>) -> Arc<dyn Fn() -> Arc<RuleSet> + Send + Sync> {
+        let limiter = self.clone();
+        Arc::new(move || limiter.rules())
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store

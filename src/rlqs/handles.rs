@@ -28,9 +28,8 @@ impl Handles {
     /// `limiter`'s rules (followed across reloads), store and clock.
     #[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
     pub fn of(limiter: &Arc<Limiter>) -> Self {
-        let rules = limiter.clone();
         Self {
-            rules: Arc::new(move || rules.rules()),
+            rules: limiter.rules_in_force(),
             share: limiter.store().quota_share(),
             clock: limiter.clock().clone(),
         }

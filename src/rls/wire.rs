@@ -139,14 +139,7 @@ fn source_parts(rule: &crate::rules::Rule) -> (std::borrow::Cow<'_, str>, ([u8; 
         }
     }
     digits[..len].reverse();
-    // `to_str` first: `to_string_lossy` walks a valid path chunk by chunk,
-    // several times slower, and this runs for every answer.
-    let file = &rule.source.file;
-    let file = match file.to_str() {
-        Some(file) => std::borrow::Cow::Borrowed(file),
-        None => file.to_string_lossy(),
-    };
-    (file, (digits, len))
+    (rule.source.file.to_string_lossy(), (digits, len))
 }
 
 /// `google.protobuf.Value` holding a string (`string_value` = 3).
