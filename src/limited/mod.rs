@@ -340,14 +340,14 @@ impl Observer for Limited {
                 .map(|(applied, _, _, _, _)| (d, applied))
         });
         let mut shard = self.shards.mine();
-        let now = self.clock.now();
-        let epoch = now / self.epoch;
         let domain = request.domain;
         let Some((d, applied)) = refused else {
-            // Nobody refused here within the window: admissions cost nothing.
+            // Nobody refused here within the window: admissions cost nothing
+            // (not even a look at the clock).
             if shard.rules.is_empty() {
                 return;
             }
+            let epoch = self.clock.now() / self.epoch;
             for (d, status) in decision.statuses.iter().enumerate() {
                 let Some(descriptor) = request.descriptors.get(d) else {
                     continue;
@@ -367,6 +367,8 @@ impl Observer for Limited {
         let Some(descriptor) = request.descriptors.get(d) else {
             return;
         };
+        let now = self.clock.now();
+        let epoch = now / self.epoch;
         let shard = &mut *shard;
         if !shard.rules.contains_key(&applied.scope) {
             if shard.rules.len() >= self.options.rules || shard.held >= self.held_per_shard {

@@ -20,22 +20,32 @@ tokio::task_local! {
 impl CallIds {
     /// The ids in a call's headers; `None` when it carries neither.
     pub(crate) fn from_headers(headers: &http::HeaderMap) -> Option<Self> {
-        // Names made once: a name given as text is parsed at every lookup,
-        // and this runs for every call.
-        static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
-        static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-        static B3_TRACE_ID: http::HeaderName = http::HeaderName::from_static("x-b3-traceid");
-        let text = |name: &http::HeaderName| {
-            headers
-                .get(name)
+        // One walk over the call's few headers, each name compared as
+        // text: three lookups by name hash each name, and this runs for
+        // every call (most of which carry none of the three).
+        let (mut request_id, mut traceparent, mut b3) = (None, None, None);
+        for (name, value) in headers {
+            let slot = match name.as_str() {
+                "x-request-id" => &mut request_id,
+                "traceparent" => &mut traceparent,
+                "x-b3-traceid" => &mut b3,
+                _ => continue,
+            };
+            // The first value of a name, as a lookup by name gives.
+            if slot.is_none() {
+                *slot = Some(value);
+            }
+        }
+        fn text(value: Option<&http::HeaderValue>) -> Option<&str> {
+            value
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-        };
-        let request_id = text(&REQUEST_ID).map(cut);
-        let trace_id = text(&TRACEPARENT)
+        }
+        let request_id = text(request_id).map(cut);
+        let trace_id = text(traceparent)
             .and_then(|t| t.split('-').nth(1))
-            .or_else(|| text(&B3_TRACE_ID))
+            .or_else(|| text(b3))
             .map(cut);
         (request_id.is_some() || trace_id.is_some()).then_some(Self {
             request_id,
@@ -97,6 +107,19 @@ mod tests {
                 .and_then(|i| i.trace_id)
                 .as_deref(),
             Some("80f198ee56343ba8")
+        );
+        // A name sent twice: its first value, as a lookup by name gives.
+        let mut twice = http::HeaderMap::new();
+        twice.append("x-request-id", "first".parse().expect("value"));
+        twice.append("x-request-id", "second".parse().expect("value"));
+        twice.append("traceparent", "malformed".parse().expect("value"));
+        twice.append("x-b3-traceid", "b3id".parse().expect("value"));
+        let ids = CallIds::from_headers(&twice).expect("ids");
+        assert_eq!(ids.request_id.as_deref(), Some("first"));
+        assert_eq!(
+            ids.trace_id.as_deref(),
+            Some("b3id"),
+            "B3 when traceparent has no id"
         );
         let mut long = http::HeaderMap::new();
         long.insert("x-request-id", "x".repeat(1000).parse().expect("value"));

@@ -134,11 +134,14 @@ impl<S: tracing::Subscriber> Layer<S> for ExportFailures {
     }
 }
 
-tokio::task_local! {
-    /// Set while a gRPC server connection is served: the HTTP/2 library's
-    /// protocol errors there are calls Tollgate refused. Its errors as a
-    /// client (the xDS and OTLP connections) are not.
-    static SERVER_CONNECTION: ();
+thread_local! {
+    /// How many gRPC server connections this thread is polling now (0 or
+    /// 1): the HTTP/2 library's protocol errors there are calls Tollgate
+    /// refused. Its errors as a client (the xDS and OTLP connections, tasks
+    /// of their own) are not. A count on the thread, not a task-local: a
+    /// connection is polled at least once a call, and a task-local's scope
+    /// costs about three times what this does.
+    static SERVER_CONNECTION: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// `connection`, served as a gRPC server connection: the HTTP/2 library's
@@ -146,12 +149,25 @@ tokio::task_local! {
 pub(crate) fn in_server_connection<F: std::future::Future>(
     connection: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    SERVER_CONNECTION.scope((), connection)
+    // Boxed once per connection, so the wrapper needs no projection.
+    let mut connection = Box::pin(connection);
+    std::future::poll_fn(move |cx| {
+        /// Counts the poll in, and out however it ends (a panic included).
+        struct Polling;
+        impl Drop for Polling {
+            fn drop(&mut self) {
+                SERVER_CONNECTION.with(|n| n.set(n.get() - 1));
+            }
+        }
+        SERVER_CONNECTION.with(|n| n.set(n.get() + 1));
+        let _polling = Polling;
+        connection.as_mut().poll(cx)
+    })
 }
 
 /// Whether the code running now serves a gRPC server connection.
 fn in_a_server_connection() -> bool {
-    SERVER_CONNECTION.try_with(|_| ()).is_ok()
+    SERVER_CONNECTION.with(|n| n.get() > 0)
 }
 
 /// Counts one refusal (in the metric) and keeps its reason for the next

@@ -153,7 +153,8 @@ pub fn refused<'a>(checks: impl IntoIterator<Item = &'a Check>) -> bool {
 }
 
 /// What to write back to each check's held IDs (see
-/// [`crate::algorithm::Held`]): the new list and when it lapses.
+/// [`crate::algorithm::Held`]): the new list and when it lapses. Empty for
+/// a request none of whose checks holds IDs (nearly all of them).
 pub type HeldCommits = smallvec::SmallVec<[Option<(Vec<Held>, Nanos)>; 4]>;
 
 /// What a store holds for each check: its counter's state, a sliding log's
@@ -202,10 +203,7 @@ pub fn decide_batch(
     }
     // What already happened is applied alone, in order.
     if !checks.iter().any(Check::is_after_the_fact) {
-        return (
-            smallvec::smallvec![None; checks.len()],
-            smallvec::smallvec![None; checks.len()],
-        );
+        return (smallvec::smallvec![None; checks.len()], HeldCommits::new());
     }
     let mut alone: smallvec::SmallVec<[Check; 4]> = checks.iter().cloned().collect();
     let (pending, held) = decide_in_order(&mut alone, stored, now, Check::is_after_the_fact);
@@ -229,7 +227,10 @@ fn decide_in_order(
     which: impl Fn(&Check) -> bool,
 ) -> (Commits, HeldCommits) {
     let mut pending: Commits = smallvec::smallvec![None; checks.len()];
-    let mut held_pending: HeldCommits = smallvec::smallvec![None; checks.len()];
+    let mut held_pending: HeldCommits = match checks.iter().any(|c| c.hold.is_some()) {
+        true => smallvec::smallvec![None; checks.len()],
+        false => HeldCommits::new(),
+    };
     // The counter's state after each check: what it committed, or what it
     // saw when it changed nothing (a denial, a check of zero hits).
     let mut after: smallvec::SmallVec<[State; 4]> = smallvec::SmallVec::with_capacity(checks.len());

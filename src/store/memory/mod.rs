@@ -117,17 +117,23 @@ impl MemoryStore {
 
         let mut places: SmallVec<[Place; 4]> = SmallVec::new();
         let mut states: SmallVec<[State; 4]> = SmallVec::new();
+        // Logs and held IDs are gathered only for a request that has them
+        // (an empty list reads as nothing stored for every check).
         let mut logs: SmallVec<[&[Logged]; 4]> = SmallVec::new();
         let mut held: SmallVec<[&[Held]; 4]> = SmallVec::new();
+        let any_log = checks.iter().any(|c| c.algorithm == Algorithm::SlidingLog);
+        let any_hold = checks.iter().any(|c| c.hold.is_some());
         for (check, &(shard, hash, tag)) in checks.iter().zip(&located) {
             let guard = &guards[shard_of(shard)].1;
-            held.push(match check.hold {
-                Some(_) => guard
-                    .held
-                    .get(check.key.as_bytes())
-                    .map_or(&[], |h| &h.held),
-                None => &[],
-            });
+            if any_hold {
+                held.push(match check.hold {
+                    Some(_) => guard
+                        .held
+                        .get(check.key.as_bytes())
+                        .map_or(&[], |h| &h.held),
+                    None => &[],
+                });
+            }
             if check.algorithm == Algorithm::SlidingLog {
                 places.push(Place::Log);
                 states.push(State::default());
@@ -137,7 +143,9 @@ impl MemoryStore {
             let (place, state) = guard.find(&check.key, hash, tag);
             places.push(place);
             states.push(state);
-            logs.push(&[]);
+            if any_log {
+                logs.push(&[]);
+            }
         }
         let stored = Stored {
             states: &states,
