@@ -237,8 +237,10 @@ impl http_body::Body for UnaryBody {
             return Poll::Ready(Some(Ok(http_body::Frame::data(message))));
         }
         if std::mem::take(&mut self.trailers) {
+            // The name made once: given as text it is parsed every answer.
+            static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
             let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert(&GRPC_STATUS, http::HeaderValue::from_static("0"));
             return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
         }
         Poll::Ready(None)

@@ -17,3 +17,4 @@ mod hardening;
 mod papercuts;
 mod protocol;
 mod time_zones;
+mod vendored_h2;
