@@ -254,7 +254,7 @@ async fn json(
         return answer;
     }
     let proto = match body::proto(&body) {
-        Ok(proto) => proto,
+        Ok(proto) => body::as_sent(proto),
         Err(refused) => return refused.into_response(),
     };
     let request = match body::domain(&proto) {

@@ -44,10 +44,15 @@ pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<
     if request.domain.is_empty() {
         return invalid("rate limit domain must not be empty".into());
     }
-    if request.domain.len() > bounds.value_bytes {
+    // Bytes as sent: a text that was not UTF-8 is up to four times longer
+    // once made text (`\xff` for each such byte), and a bound on the text
+    // would let a 16 KiB header refuse the whole request (which Envoy lets
+    // through, every limit of it skipped).
+    let wire_len = |text: &str| crate::wire_text::to_wire(text).len();
+    if wire_len(request.domain) > bounds.value_bytes {
         return invalid(format!(
             "rate limit domain is {} bytes, above the bound of {} (--max-value-bytes)",
-            request.domain.len(),
+            wire_len(request.domain),
             bounds.value_bytes
         ));
     }
@@ -77,7 +82,7 @@ pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<
             if k.is_empty() {
                 return invalid(format!("descriptor {i} entry {j} has an empty key"));
             }
-            let longest = k.len().max(v.len());
+            let longest = wire_len(k).max(wire_len(v));
             if longest > bounds.value_bytes {
                 return invalid(format!(
                     "descriptor {i} entry {j} has a key or value of {longest} bytes, above the bound of {} (--max-value-bytes)",

@@ -45,6 +45,7 @@ impl CallIds {
         let request_id = text(request_id).map(cut);
         let trace_id = text(traceparent)
             .and_then(|t| t.split('-').nth(1))
+            .filter(|id| valid_trace_id(id))
             .or_else(|| text(b3))
             .map(cut);
         (request_id.is_some() || trace_id.is_some()).then_some(Self {
@@ -52,6 +53,14 @@ impl CallIds {
             trace_id,
         })
     }
+}
+
+/// A W3C trace id: 32 lowercase hex digits, not all zero. Anything else in
+/// `traceparent` is no trace id (B3's is used, if sent).
+fn valid_trace_id(id: &str) -> bool {
+    id.len() == 32
+        && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && id.bytes().any(|b| b != b'0')
 }
 
 fn cut(id: &str) -> Box<str> {
@@ -121,6 +130,25 @@ mod tests {
             Some("b3id"),
             "B3 when traceparent has no id"
         );
+        // A traceparent whose id is not a W3C trace id: B3's, or none.
+        for bad in [
+            "00--abc-01",
+            "-",
+            "00-   -x",
+            "bogus-value",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            let mut both = http::HeaderMap::new();
+            both.append("traceparent", bad.parse().expect("value"));
+            both.append("x-b3-traceid", "b3id".parse().expect("value"));
+            let ids = CallIds::from_headers(&both).expect("ids");
+            assert_eq!(ids.trace_id.as_deref(), Some("b3id"), "{bad:?}");
+            let mut alone = http::HeaderMap::new();
+            alone.append("traceparent", bad.parse().expect("value"));
+            assert_eq!(CallIds::from_headers(&alone), None, "{bad:?}");
+        }
         let mut long = http::HeaderMap::new();
         long.insert("x-request-id", "x".repeat(1000).parse().expect("value"));
         assert_eq!(

@@ -91,11 +91,10 @@ impl Quotas {
             return None;
         }
         let max = self.options.max_value_bytes;
-        if id
-            .bucket
-            .iter()
-            .any(|(k, v)| k.len() > max || v.len() > max)
-        {
+        // Bytes as sent (a text that was not UTF-8 is up to four times
+        // longer once made text): no easier to exceed with such bytes.
+        let over = |text: &str| crate::wire_text::to_wire(text).len() > max;
+        if id.bucket.iter().any(|(k, v)| over(k) || over(v)) {
             return None;
         }
         let mut entries: Vec<(String, String)> = id

@@ -11,37 +11,43 @@
 //! client's, not every caller's.)
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
 
-use crate::wire_text::{BytesPair as Pair, from_wire};
+use crate::wire_text::from_wire;
 
-/// `envoy.service.ratelimit.v3.RateLimitRequest`, its text as bytes.
-#[derive(Clone, PartialEq, Message)]
-struct Request {
-    #[prost(bytes = "vec", tag = "1")]
-    domain: Vec<u8>,
-    #[prost(message, repeated, tag = "2")]
-    descriptors: Vec<Descriptor>,
-    #[prost(uint32, tag = "3")]
-    hits_addend: u32,
-}
+/// The messages with their text as bytes, under the proto's own names (a
+/// decoding error names the message it is in: "RateLimitRequest.descriptors").
+mod as_bytes {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use envoy_types::pb::google::protobuf::UInt64Value;
 
-/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
-#[derive(Clone, PartialEq, Message)]
-struct Descriptor {
-    #[prost(message, repeated, tag = "1")]
-    entries: Vec<Pair>,
-    #[prost(message, optional, tag = "2")]
-    limit: Option<RateLimitOverride>,
-    #[prost(message, optional, tag = "3")]
-    hits_addend: Option<UInt64Value>,
-    #[prost(bool, tag = "4")]
-    is_negative_hits: bool,
+    use crate::wire_text::BytesPair as Pair;
+
+    /// `envoy.service.ratelimit.v3.RateLimitRequest`, its text as bytes.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RateLimitRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub(super) domain: Vec<u8>,
+        #[prost(message, repeated, tag = "2")]
+        pub(super) descriptors: Vec<RateLimitDescriptor>,
+        #[prost(uint32, tag = "3")]
+        pub(super) hits_addend: u32,
+    }
+
+    /// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RateLimitDescriptor {
+        #[prost(message, repeated, tag = "1")]
+        pub(super) entries: Vec<Pair>,
+        #[prost(message, optional, tag = "2")]
+        pub(super) limit: Option<RateLimitOverride>,
+        #[prost(message, optional, tag = "3")]
+        pub(super) hits_addend: Option<UInt64Value>,
+        #[prost(bool, tag = "4")]
+        pub(super) is_negative_hits: bool,
+    }
 }
 
 /// The request in `message`, its text made lossless; an error only for a
@@ -74,7 +80,7 @@ fn marked(request: &RateLimitRequest) -> bool {
 /// The request in `message`, every text read as bytes and made text by
 /// `from_wire`.
 fn lossless(message: bytes::Bytes) -> Result<RateLimitRequest, prost::DecodeError> {
-    let raw = Request::decode(message)?;
+    let raw = as_bytes::RateLimitRequest::decode(message)?;
     Ok(RateLimitRequest {
         domain: from_wire(raw.domain),
         descriptors: raw
@@ -100,12 +106,16 @@ fn lossless(message: bytes::Bytes) -> Result<RateLimitRequest, prost::DecodeErro
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
     use super::*;
+    use crate::wire_text::BytesPair as Pair;
 
     fn wire(domain: &[u8], entries: &[(&[u8], &[u8])]) -> bytes::Bytes {
-        Request {
+        as_bytes::RateLimitRequest {
             domain: domain.to_vec(),
-            descriptors: vec![Descriptor {
+            descriptors: vec![as_bytes::RateLimitDescriptor {
                 entries: entries
                     .iter()
                     .map(|(k, v)| Pair {
@@ -188,5 +198,12 @@ mod tests {
     #[test]
     fn a_message_that_is_not_protobuf_is_still_an_error() {
         assert!(request(bytes::Bytes::from_static(b"\xff\xff\xff")).is_err());
+        // Cut short: the error names the proto's message and field.
+        let whole = wire(b"api", &[(b"user", b"a\xff")]);
+        let cut = request(whole.slice(..whole.len() - 4)).expect_err("cut short");
+        assert!(
+            cut.to_string().contains("RateLimitRequest.descriptors"),
+            "{cut}"
+        );
     }
 }

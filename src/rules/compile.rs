@@ -82,7 +82,9 @@ impl Compiler {
             }
         };
         let domain = match &raw.domain {
-            Some(d) if !d.value.0.is_empty() => d.value.0.clone(),
+            // As a request's domain is read (`wire_text::from_wire`): a
+            // domain beginning with the marker is matched in its escaped form.
+            Some(d) if !d.value.0.is_empty() => crate::wire_text::of_rule(&d.value.0).into_owned(),
             other => {
                 let pos = other.as_ref().and_then(|d| at(&d.referenced));
                 self.errors.push(RuleError::new(

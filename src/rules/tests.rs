@@ -481,3 +481,22 @@ fn each_rule_knows_its_place_in_the_set() {
         .expect("matches");
     assert_eq!(matched.rules[0].index, 3);
 }
+
+/// A domain, key or value beginning with the marker is matched as a request's
+/// text is read (`wire_text::from_wire` escapes it): the domain too.
+#[test]
+fn a_rule_text_beginning_with_the_marker_matches_the_same_bytes_sent() {
+    let rules = load(
+        "domain: \"\\uFFFDweird\"\ndescriptors:\n  - key: \"\\uFFFDk\"\n    value: \"\\uFFFDv\"\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+    )
+    .expect("rules load");
+    let read = |text: &str| crate::wire_text::from_wire(text.as_bytes().to_vec());
+    let (domain, key, value) = (read("\u{FFFD}weird"), read("\u{FFFD}k"), read("\u{FFFD}v"));
+    assert!(rules.has_domain(&domain), "{domain:?}");
+    let matched = rules
+        .lookup(&domain, &[(key.as_str(), value.as_str())])
+        .expect("the rule matches");
+    assert_eq!(matched.rules.len(), 1);
+    // The text as written is not what a request's bytes become.
+    assert!(!rules.has_domain("\u{FFFD}weird"));
+}

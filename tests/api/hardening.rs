@@ -117,6 +117,81 @@ async fn bytes_that_are_not_utf8_are_counted_distinctly_not_refused() {
     assert!(limited.body.contains("mallory\\\\xff"), "{}", limited.body);
 }
 
+/// `/json` reads a text as gRPC reads the same text sent: one beginning with
+/// the marker is escaped, so `/json` cannot spend the counter of a client
+/// whose bytes were not UTF-8 (gRPC cannot either), and a marked UTF-8 text
+/// is one counter whichever way it came.
+#[tokio::test]
+async fn json_texts_are_read_as_the_same_text_sent_over_grpc() {
+    let server = Served::start(RULES, &[]);
+    let json = |value: &str| {
+        format!(
+            r#"{{"domain":"gw","descriptors":[{{"entries":[{{"key":"user","value":"{value}"}}]}}]}}"#
+        )
+    };
+    // The escaped form of b"mallory\xff", sent to /json three times.
+    for _ in 0..3 {
+        let r = server
+            .http("POST", "/json", JSON, &json("\\ufffdmallory\\\\xff"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let bytes = ask_bytes(server.addr, b"gw", &[&[(b"user", b"mallory\xff")]]).await;
+    assert_eq!(
+        bytes.overall_code,
+        Code::Ok as i32,
+        "/json spent its counter"
+    );
+    // A marked UTF-8 text: one counter over gRPC and /json together.
+    for _ in 0..2 {
+        let r = server
+            .http("POST", "/json", JSON, &json("\\ufffdtwin"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let grpc = ask_bytes(
+        server.addr,
+        b"gw",
+        &[&[(b"user", "\u{FFFD}twin".as_bytes())]],
+    )
+    .await;
+    assert_eq!(grpc.overall_code, Code::Ok as i32, "the third of 3");
+    let r = server
+        .http("POST", "/json", JSON, &json("\\ufffdtwin"))
+        .await;
+    assert_eq!(r.status, 429, "the fourth of 3: {}", r.body);
+}
+
+/// `--max-value-bytes` counts the bytes sent: a value that is not UTF-8 is
+/// up to four times longer once made text (`\xff` a byte), and a bound on
+/// the text let a 16 KiB header refuse the whole request, which Envoy lets
+/// through with every limit skipped.
+#[tokio::test]
+async fn the_value_bound_counts_the_bytes_sent_not_their_text() {
+    // Without the rule that fails closed: a request past a bound is an
+    // error here, not the refusal of a request that cannot be decided.
+    let server = Served::start(&open_rules(), &["--max-request-bytes", "400000"]);
+    let long = vec![0xffu8; 20_000];
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        answers.push(ask_bytes(server.addr, b"gw", &[&[(b"user", &long)]]).await);
+    }
+    assert_eq!(refused(&answers), 2, "decided, 3 an hour: {answers:?}");
+    // At the bound as sent (65,536 bytes, 262,147 once made text): decided.
+    let at_bound = vec![0xffu8; 65_536];
+    let answer = ask_bytes(server.addr, b"gw", &[&[(b"user", &at_bound)]]).await;
+    assert_eq!(answer.overall_code, Code::Ok as i32, "{answer:?}");
+    // One byte past it is past it: refused, the bytes sent named.
+    let past = vec![0xffu8; 65_537];
+    let body = frame(&request_bytes(b"gw", &[&[(b"user", &past)]]));
+    let (status, grpc, _) = raw_call_answer(server.addr, "application/grpc", body, false).await;
+    assert_eq!(
+        (status, grpc.as_deref()),
+        (200, Some("3")),
+        "INVALID_ARGUMENT"
+    );
+}
+
 #[tokio::test]
 async fn requests_that_cannot_be_decided_are_refused_where_a_limit_fails_closed() {
     let server = Served::start(RULES, &["--max-request-bytes", "200000"]);
