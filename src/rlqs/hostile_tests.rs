@@ -270,3 +270,33 @@ fn buckets_are_bounded_in_bytes_too() {
     tick(&q);
     assert_eq!(q.to_json(0)["bucket_bytes"], 0);
 }
+
+/// `--max-value-bytes` counts a bucket value's bytes as sent: one that was
+/// not UTF-8 is up to four times longer once made text, and must not be
+/// easier to push past the bound (its bucket left without an assignment).
+#[test]
+fn the_value_bound_counts_the_bytes_sent() {
+    let (q, _, _) = quotas(QuotaOptions {
+        max_value_bytes: 16,
+        ..QuotaOptions::default()
+    });
+    let (a, _rx) = q.open(None).expect("opens");
+    let sent = |n: usize| crate::wire_text::from_wire(vec![0xff; n]);
+    let (at_bound, past) = (sent(16), sent(17));
+    assert!(at_bound.len() > 16, "{at_bound:?} is longer as text");
+    let r = q
+        .answer(
+            a,
+            &report(vec![
+                usage(&[("api_key", &at_bound)], 1, 0, 0),
+                usage(&[("api_key", &past)], 1, 0, 0),
+            ]),
+        )
+        .expect("present");
+    let all = actions(&r);
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(
+        all.keys().any(|k| k.contains(&at_bound)),
+        "the 16 bytes sent are assigned: {all:?}"
+    );
+}
