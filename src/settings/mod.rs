@@ -117,8 +117,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = 32, value_parser = at_least_one)]
     pub max_entries: usize,
 
-    /// Longest domain, descriptor key or value in bytes; longer is refused
-    /// as INVALID_ARGUMENT.
+    /// Longest domain, descriptor key or value in bytes as sent (a value
+    /// that is not UTF-8 counts its bytes, not its escaped text); longer is
+    /// refused as INVALID_ARGUMENT.
     #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = 65_536, value_parser = at_least_one)]
     pub max_value_bytes: usize,
 
