@@ -100,6 +100,6 @@ python3 scripts/dashboard_render.py examples/grafana/tollgate.json "http://127.0
     "$start" "$end" "$work/dashboard.html"
 rm -f "$out"
 timeout 60 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars \
-    --window-size=1520,1900 --screenshot="$(realpath -m "$out")" "file://$work/dashboard.html" 2>/dev/null
+    --window-size=1520,2250 --screenshot="$(realpath -m "$out")" "file://$work/dashboard.html" 2>/dev/null
 [ -s "$out" ] || { echo "Chromium wrote no screenshot" >&2; exit 1; }
 echo "$out"
