@@ -66,6 +66,30 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// One HTTP/2 frame read back.
+pub(super) struct Frame {
+    pub(super) kind: u8,
+    pub(super) flags: u8,
+    pub(super) stream: u32,
+    pub(super) payload: Vec<u8>,
+}
+
+/// The first whole frame in `buf`, taken out of it; `None` until one is.
+pub(super) fn next_frame(buf: &mut Vec<u8>) -> Option<Frame> {
+    let len = u32::from_be_bytes([0, *buf.first()?, *buf.get(1)?, *buf.get(2)?]) as usize;
+    if buf.len() < 9 + len {
+        return None;
+    }
+    let frame = Frame {
+        kind: buf[3],
+        flags: buf[4],
+        stream: u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff,
+        payload: buf[9..9 + len].to_vec(),
+    };
+    buf.drain(..9 + len);
+    Some(frame)
+}
+
 /// What the server did with one stream.
 #[derive(Debug, PartialEq)]
 enum Outcome {
@@ -107,15 +131,13 @@ fn calls(addr: SocketAddr, header_lists: &[Vec<(&str, &str)>]) -> Vec<Outcome> {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(_) => continue,
         }
-        while buf.len() >= 9 {
-            let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
-            if buf.len() < 9 + len {
-                break;
-            }
-            let (kind, flags) = (buf[3], buf[4]);
-            let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff;
-            let payload = buf[9..9 + len].to_vec();
-            buf.drain(..9 + len);
+        while let Some(Frame {
+            kind,
+            flags,
+            stream,
+            payload,
+        }) = next_frame(&mut buf)
+        {
             if stream == 0 || stream % 2 == 0 {
                 continue;
             }

@@ -15,6 +15,8 @@ use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::protocol::{Frame as Read, next_frame};
+
 /// What the sender did after the answer's data.
 #[derive(Debug, PartialEq)]
 enum End {
@@ -81,14 +83,13 @@ async fn answer_ending_with(trailers: &[(&'static str, &'static str)]) -> End {
             let n = tcp.read(&mut chunk).await.expect("read");
             assert!(n > 0, "the server closed before stream 1 ended");
             buf.extend_from_slice(&chunk[..n]);
-            while buf.len() >= 9 {
-                let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
-                if buf.len() < 9 + len {
-                    break;
-                }
-                let (kind, flags) = (buf[3], buf[4]);
-                let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff;
-                buf.drain(..9 + len);
+            while let Some(Read {
+                kind,
+                flags,
+                stream,
+                ..
+            }) = next_frame(&mut buf)
+            {
                 match (stream, kind) {
                     (1, 0x0) => data_seen = true,
                     (1, 0x1) if data_seen && flags & 0x1 != 0 => return End::Trailers,
