@@ -43,29 +43,6 @@ pub(super) fn proto(body: &[u8]) -> Result<RateLimitRequest, Refused> {
     json::request_from_json(body).map_err(bad)
 }
 
-/// `proto`'s texts read as the same text sent over gRPC is read (see
-/// [`crate::wire_text`]): a text beginning with the marker is escaped, so
-/// `/json` cannot name (and spend) the counter of a client whose bytes were
-/// not UTF-8, which gRPC cannot either. `/counters` takes the escaped form
-/// as `/limited` shows it, and does not go through this.
-pub(super) fn as_sent(mut proto: RateLimitRequest) -> RateLimitRequest {
-    let read = |text: &mut String| {
-        if text.starts_with(crate::wire_text::MARKER) {
-            *text = crate::wire_text::from_wire(std::mem::take(text).into_bytes());
-        }
-    };
-    read(&mut proto.domain);
-    for entry in proto
-        .descriptors
-        .iter_mut()
-        .flat_map(|d| d.entries.iter_mut())
-    {
-        read(&mut entry.key);
-        read(&mut entry.value);
-    }
-    proto
-}
-
 /// The limiter's request, borrowed from `proto`; a malformed one is a 400
 /// (the limiter's own error, with its reason).
 pub(super) fn domain(proto: &RateLimitRequest) -> Result<Request<'_>, Refused> {

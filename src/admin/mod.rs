@@ -254,7 +254,9 @@ async fn json(
         return answer;
     }
     let proto = match body::proto(&body) {
-        Ok(proto) => body::as_sent(proto),
+        // Read as gRPC reads the same text (`/counters` takes the escaped
+        // form `/limited` shows, and does not).
+        Ok(proto) => crate::rls::as_sent(proto),
         Err(refused) => return refused.into_response(),
     };
     let request = match body::domain(&proto) {

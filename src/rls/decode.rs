@@ -54,27 +54,37 @@ mod as_bytes {
 /// message that is not a protobuf of this shape.
 pub(super) fn request(message: bytes::Bytes) -> Result<RateLimitRequest, prost::DecodeError> {
     // Nearly every request is UTF-8 throughout, and then prost's own
-    // strings are already what `from_wire` makes (unless one begins with
-    // the marker): read that way first, which costs about 120 instructions
-    // a call less than reading bytes and making each one text. A request
-    // prost refuses, or one with a marked text, is read again as bytes.
-    if let Ok(read) = RateLimitRequest::decode(message.clone())
-        && !marked(&read)
-    {
-        return Ok(read);
+    // strings are what `from_wire` makes of the same bytes once a text
+    // beginning with the marker is escaped: read that way first, which
+    // costs about 120 instructions a call less than reading bytes and
+    // making each one text. A request prost refuses is read again as bytes.
+    match RateLimitRequest::decode(message.clone()) {
+        Ok(read) => Ok(as_sent(read)),
+        Err(_) => lossless(message),
     }
-    lossless(message)
 }
 
-/// Whether a text of `request` begins with the marker (which `from_wire`
-/// escapes, so the bytes must be read again to be made text its way).
-fn marked(request: &RateLimitRequest) -> bool {
-    let marked = |text: &str| text.starts_with(crate::wire_text::MARKER);
-    marked(&request.domain)
-        || request
-            .descriptors
-            .iter()
-            .any(|d| d.entries.iter().any(|e| marked(&e.key) || marked(&e.value)))
+/// `request`'s texts (UTF-8, as protobuf strings are) made what
+/// `from_wire` makes of the same bytes sent: a text beginning with the
+/// marker is escaped, the rest kept as it is. Also how `/json` reads its
+/// texts, so it cannot name the counter of a client whose bytes were not
+/// UTF-8 (gRPC cannot either).
+pub(crate) fn as_sent(mut request: RateLimitRequest) -> RateLimitRequest {
+    let read = |text: &mut String| {
+        if text.starts_with(crate::wire_text::MARKER) {
+            *text = from_wire(std::mem::take(text).into_bytes());
+        }
+    };
+    read(&mut request.domain);
+    for entry in request
+        .descriptors
+        .iter_mut()
+        .flat_map(|d| d.entries.iter_mut())
+    {
+        read(&mut entry.key);
+        read(&mut entry.value);
+    }
+    request
 }
 
 /// The request in `message`, every text read as bytes and made text by

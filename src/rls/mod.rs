@@ -23,6 +23,7 @@ mod decode;
 mod unary;
 mod wire;
 
+pub(crate) use decode::as_sent;
 pub use unary::UnaryBody;
 
 /// The gRPC service around a [`Limiter`].
