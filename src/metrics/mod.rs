@@ -461,4 +461,18 @@ fn write_redis_events(e: &mut Exposition<'_>, redis: &crate::store::redis::Redis
         "Cancellations still being sent.",
         redis.cancels_pending,
     );
+    let owed = "tollgate_store_owed_releases_total";
+    e.family(
+        owed,
+        "Releases and settlements Redis could not take while it was down: sent once it answered, lapsed (the slot or reservation had expired by then: not sent), or dropped (--redis-max-owed-releases were kept already: it frees nothing until max_hold_seconds or its window's end).",
+        Kind::Counter,
+    )
+    .sample(owed, "result=\"sent\"", redis.owed_sent)
+    .sample(owed, "result=\"lapsed\"", redis.owed_lapsed)
+    .sample(owed, "result=\"dropped\"", redis.owed_dropped);
+    e.gauge(
+        "tollgate_store_owed_releases",
+        "Releases kept while Redis is down, waiting to be sent.",
+        redis.owed_pending,
+    );
 }

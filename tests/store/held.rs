@@ -11,6 +11,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{Served, ask, request};
+use std::time::Duration;
 
 const RULES: &str = "domain: held
 descriptors:
@@ -317,4 +318,93 @@ async fn a_rule_reset_frees_the_caps_slots(server: &Served) {
     )
     .await;
     assert!(ok(answer.overall_code), "the slots are free");
+}
+
+/// Releases and settlements sent while Redis is down (hung: its data kept)
+/// are kept and sent once it answers again: the slots are free then, not
+/// after `max_hold_seconds` (an hour here), and the budget charged what the
+/// settlements said, not what was reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn releases_sent_while_redis_is_down_free_their_slots_when_it_answers() {
+    let redis = RedisServer::start();
+    let server = Served::on_redis(
+        RULES,
+        &redis.url(),
+        &["--redis-timeout", "100ms", "--redis-probe-timeout", "200ms"],
+    );
+    let mut client = server.client().await;
+    let take = |id: &str| call(&[("user", "outage"), ("request_id", id)], None);
+    let release = |id: &str| call(&[("user", "outage"), ("release", id)], None);
+    let reserve = |id: &str| call(&[("tenant", "outage"), ("request_id", id)], Some(40));
+    let settle = |id: &str, cost| call(&[("tenant", "outage"), ("settle", id)], Some(cost));
+    for n in 0..5 {
+        assert!(ok(ask(&mut client, take(&format!("s{n}")))
+            .await
+            .overall_code));
+    }
+    assert!(!ok(ask(&mut client, take("full")).await.overall_code));
+    assert!(ok(ask(&mut client, reserve("r0")).await.overall_code));
+    assert!(ok(ask(&mut client, reserve("r1")).await.overall_code));
+
+    redis.signal("-STOP");
+    // Other calls fail and open the circuit (a release that timed out may
+    // still run when Redis wakes: these are sent while nothing is sent).
+    let mut i = 0;
+    let opened = crate::common::eventually(Duration::from_secs(10), async || {
+        if server.metric("tollgate_store_circuit_open").await != 0 {
+            return true;
+        }
+        i += 1;
+        let other = format!("other{i}");
+        ask(
+            &mut client,
+            call(&[("user", &other), ("request_id", "x")], None),
+        )
+        .await;
+        false
+    })
+    .await;
+    assert!(opened, "the circuit did not open");
+    for n in 0..5 {
+        assert!(ok(ask(&mut client, release(&format!("s{n}")))
+            .await
+            .overall_code));
+    }
+    // Settled while the breaker sends nothing: kept too (one that timed
+    // out may have run, and a settlement charges each time it runs).
+    assert!(ok(ask(&mut client, settle("r0", 5)).await.overall_code));
+    assert!(ok(ask(&mut client, settle("r1", 5)).await.overall_code));
+    assert_eq!(server.metric("tollgate_store_owed_releases").await, 7);
+    redis.signal("-CONT");
+    // (While the circuit is open a take is answered by the failure mode.)
+    let closed = crate::common::eventually(Duration::from_secs(10), async || {
+        server.metric("tollgate_store_circuit_open").await == 0
+    })
+    .await;
+    assert!(closed, "the circuit did not close");
+
+    // Once Redis answers, the five slots are free again.
+    let mut taken = 0;
+    let freed = crate::common::eventually(Duration::from_secs(10), async || {
+        if ok(ask(&mut client, take(&format!("t{taken}")))
+            .await
+            .overall_code)
+        {
+            taken += 1;
+        }
+        taken == 5
+    })
+    .await;
+    assert!(freed, "{taken} slots freed after the outage");
+    assert!(!ok(ask(&mut client, take("full-again")).await.overall_code));
+    assert_eq!(
+        server
+            .metric("tollgate_store_owed_releases_total{result=\"sent\"}")
+            .await,
+        7
+    );
+    assert_eq!(server.metric("tollgate_store_owed_releases").await, 0);
+    // 100 less the two settlements' 5 each, not the 80 reserved.
+    let left = ask(&mut client, settle("probe", 0)).await.statuses[0].limit_remaining;
+    assert_eq!(left, 90);
 }

@@ -1,7 +1,8 @@
 //! What the store did in the background, for `/metrics`: the breaker's
-//! confirming PINGs and the cancellations of calls left without an answer.
-//! Both happen after the request that caused them was answered, so without
-//! these counters an operator (or a test) cannot tell when they are over.
+//! confirming PINGs, the cancellations of calls left without an answer and
+//! the releases owed to Redis while it was down. All happen after the
+//! request that caused them was answered, so without these counters an
+//! operator (or a test) cannot tell when they are over.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,10 @@ pub(super) struct Events {
     cancels_pending: AtomicU64,
     cancels_delivered: AtomicU64,
     cancels_abandoned: AtomicU64,
+    owed_pending: AtomicU64,
+    owed_sent: AtomicU64,
+    owed_lapsed: AtomicU64,
+    owed_dropped: AtomicU64,
 }
 
 /// The store's background work, read at one moment.
@@ -32,6 +37,16 @@ pub struct RedisEvents {
     /// Cancellations given up (Redis unreachable for a minute, or it
     /// refused them): what those calls committed, if they ran, stays spent.
     pub cancels_abandoned: u64,
+    /// Releases Redis could not take (it was down), kept to be sent when
+    /// it answers again.
+    pub owed_pending: u64,
+    /// Owed releases sent once Redis answered.
+    pub owed_sent: u64,
+    /// Owed releases that no longer mattered when Redis answered (the slot
+    /// or the reservation had lapsed), not sent.
+    pub owed_lapsed: u64,
+    /// Releases not kept: `--redis-max-owed-releases` were kept already.
+    pub owed_dropped: u64,
 }
 
 impl std::ops::Add for RedisEvents {
@@ -44,8 +59,24 @@ impl std::ops::Add for RedisEvents {
             cancels_pending: self.cancels_pending + other.cancels_pending,
             cancels_delivered: self.cancels_delivered + other.cancels_delivered,
             cancels_abandoned: self.cancels_abandoned + other.cancels_abandoned,
+            owed_pending: self.owed_pending + other.owed_pending,
+            owed_sent: self.owed_sent + other.owed_sent,
+            owed_lapsed: self.owed_lapsed + other.owed_lapsed,
+            owed_dropped: self.owed_dropped + other.owed_dropped,
         }
     }
+}
+
+/// What became of a release owed to Redis (see pool.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owing {
+    /// Kept to be sent.
+    Kept,
+    /// Taken to be sent (or found lapsed): no longer pending.
+    Taken,
+    Sent,
+    Lapsed,
+    Dropped,
 }
 
 /// How a cancellation ended.
@@ -77,6 +108,21 @@ impl Events {
         }
     }
 
+    /// A release owed to Redis changed hands.
+    pub(super) fn owing(&self, what: Owing) {
+        let counter = match what {
+            Owing::Kept => &self.owed_pending,
+            Owing::Taken => {
+                self.owed_pending.fetch_sub(1, Ordering::Relaxed);
+                return;
+            }
+            Owing::Sent => &self.owed_sent,
+            Owing::Lapsed => &self.owed_lapsed,
+            Owing::Dropped => &self.owed_dropped,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn snapshot(&self) -> RedisEvents {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         RedisEvents {
@@ -85,6 +131,10 @@ impl Events {
             cancels_pending: load(&self.cancels_pending),
             cancels_delivered: load(&self.cancels_delivered),
             cancels_abandoned: load(&self.cancels_abandoned),
+            owed_pending: load(&self.owed_pending),
+            owed_sent: load(&self.owed_sent),
+            owed_lapsed: load(&self.owed_lapsed),
+            owed_dropped: load(&self.owed_dropped),
         }
     }
 }
