@@ -230,6 +230,57 @@ fn protocol_refusals_are_counted_and_logged_at_warn_once_per_interval() {
     assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 25);
 }
 
+/// The two refusals that come from elsewhere in h2 than a malformed
+/// message: a header block above the 16 KiB the server accepts (431) and a
+/// frame above the largest frame size (the connection closed with
+/// FRAME_SIZE_ERROR) are counted as the others are.
+#[test]
+fn an_oversized_header_block_and_an_oversized_frame_are_counted_too() {
+    let server = Tollgate::start(RULES, &[]);
+    let long = "x".repeat(16_200);
+    let mut big = call_headers("tollgate");
+    big.push(("x-padding", &long));
+    let outcomes = calls(server.addr, &[big]);
+    assert!(
+        !matches!(outcomes[0], Outcome::Answered(Some(_))),
+        "not decided: {outcomes:?}"
+    );
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 1);
+
+    // A HEADERS frame of 20,000 bytes: above SETTINGS_MAX_FRAME_SIZE
+    // (16,384, which the server leaves at its default).
+    let mut tcp = TcpStream::connect(server.addr).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(HEADERS, END_HEADERS, 1, &vec![0u8; 20_000]));
+    tcp.write_all(&out).expect("write");
+    let mut buf = Vec::new();
+    let mut goaway = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while goaway.is_none() && Instant::now() < deadline {
+        let mut chunk = [0u8; 16384];
+        match tcp.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => continue,
+        }
+        while let Some(f) = next_frame(&mut buf) {
+            if f.kind == 0x7 {
+                goaway = Some(u32::from_be_bytes([
+                    f.payload[4],
+                    f.payload[5],
+                    f.payload[6],
+                    f.payload[7],
+                ]));
+            }
+        }
+    }
+    assert_eq!(goaway, Some(6), "GOAWAY with FRAME_SIZE_ERROR");
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 2);
+}
+
 #[test]
 fn a_second_server_on_a_taken_port_does_not_start() {
     let first = Tollgate::start(RULES, &[]);

@@ -440,6 +440,11 @@ fn map_err(err: io::Error) -> Error {
     if let io::ErrorKind::InvalidData = err.kind() {
         if let Some(custom) = err.get_ref() {
             if custom.is::<LengthDelimitedCodecError>() {
+                // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
+                tracing::warn!(
+                    target: "h2::refused",
+                    "connection error FRAME_SIZE_ERROR -- frame larger than SETTINGS_MAX_FRAME_SIZE;"
+                );
                 return Error::library_go_away(Reason::FRAME_SIZE_ERROR);
             }
         }

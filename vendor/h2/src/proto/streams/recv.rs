@@ -230,7 +230,9 @@ impl Recv {
             // So, if peer is a server, we'll send a 431. In either case,
             // an error is recorded, which will send a REFUSED_STREAM,
             // since we don't want any of the data frames either.
-            tracing::debug!(
+            // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
+            tracing::warn!(
+                target: "h2::refused",
                 "stream error REQUEST_HEADER_FIELDS_TOO_LARGE -- \
                  recv_headers: frame is over size; stream={:?}",
                 stream.id
