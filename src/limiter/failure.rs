@@ -3,6 +3,7 @@
 use smallvec::SmallVec;
 
 use super::{Limiter, Planned};
+use crate::algorithm::HoldOp;
 use crate::rules::FailureMode;
 use crate::store::Check;
 
@@ -36,15 +37,7 @@ impl Limiter {
                 commit: None,
             });
             if mode == FailureMode::Local {
-                let mut quota = check.quota;
-                let n = self.options.instances.max(1);
-                quota.limit = quota.limit.div_ceil(n);
-                quota.burst = quota.burst.div_ceil(n).max(1);
-                local.push(Check {
-                    quota,
-                    outcome: None,
-                    ..check.clone()
-                });
+                local.push(self.local(check));
                 local_of.push(i);
             }
         }
@@ -63,6 +56,43 @@ impl Limiter {
                     ..o
                 }),
             };
+        }
+    }
+
+    /// `check` as the fallback decides it: its limit divided by the number
+    /// of instances (rounded up, so a limit is never cut to zero).
+    fn local(&self, check: &Check) -> Check {
+        let mut quota = check.quota;
+        let n = self.options.instances.max(1);
+        quota.limit = quota.limit.div_ceil(n);
+        quota.burst = quota.burst.div_ceil(n).max(1);
+        Check {
+            quota,
+            outcome: None,
+            ..check.clone()
+        }
+    }
+
+    /// The store decided: a release of a limit whose failure mode is
+    /// `local` frees the ID's slot in the fallback too, where a take
+    /// answered while the store was down holds it (else it would hold it
+    /// until `max_hold_seconds`, and the next outage would find the cap
+    /// fuller than it is). A release of an ID the fallback does not hold
+    /// writes nothing there.
+    pub(super) fn release_locally(&self, planned: &[Planned], checks: &[Check]) {
+        let mut local: SmallVec<[Check; 2]> = planned
+            .iter()
+            .zip(checks)
+            .filter(|(plan, check)| {
+                check.hold.as_ref().is_some_and(|h| h.op == HoldOp::Release)
+                    && plan.limit.failure_mode.unwrap_or(self.options.failure_mode)
+                        == FailureMode::Local
+            })
+            .map(|(_, check)| self.local(check))
+            .collect();
+        if !local.is_empty() {
+            // A release is always admitted; a full fallback writes nothing.
+            let _ = self.fallback.decide(&mut local, self.clock.now());
         }
     }
 }

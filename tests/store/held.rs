@@ -408,3 +408,74 @@ async fn releases_sent_while_redis_is_down_free_their_slots_when_it_answers() {
     let left = ask(&mut client, settle("probe", 0)).await.statuses[0].limit_remaining;
     assert_eq!(left, 90);
 }
+
+/// With the `local` failure mode, slots taken on the in-process fallback while
+/// Redis is down are freed there by releases Redis decides once it is back:
+/// the next outage finds the local cap as empty as it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_after_an_outage_frees_the_slot_the_fallback_holds() {
+    let redis = RedisServer::start();
+    let rules = "domain: held
+descriptors:
+  - key: user
+    in_flight: {limit: 2, max_hold_seconds: 3600}
+";
+    let server = Served::on_redis(
+        rules,
+        &redis.url(),
+        &[
+            "--redis-timeout",
+            "100ms",
+            "--redis-probe-timeout",
+            "200ms",
+            "--failure-mode",
+            "local",
+        ],
+    );
+    let mut client = server.client().await;
+    let take = |id: &str| call(&[("user", "local"), ("request_id", id)], None);
+    let release = |id: &str| call(&[("user", "local"), ("release", id)], None);
+    let circuit = async |open: bool, client: &mut _| {
+        let mut i = 0;
+        crate::common::eventually(Duration::from_secs(10), async || {
+            if (server.metric("tollgate_store_circuit_open").await != 0) == open {
+                return true;
+            }
+            if open {
+                i += 1;
+                let other = format!("other{i}");
+                ask(client, call(&[("user", &other), ("request_id", "x")], None)).await;
+            }
+            false
+        })
+        .await
+    };
+    redis.signal("-STOP");
+    assert!(circuit(true, &mut client).await, "the circuit did not open");
+    // The fallback's cap: two slots.
+    assert!(ok(ask(&mut client, take("a")).await.overall_code));
+    assert!(ok(ask(&mut client, take("b")).await.overall_code));
+    assert!(!ok(ask(&mut client, take("c")).await.overall_code));
+    redis.signal("-CONT");
+    assert!(
+        circuit(false, &mut client).await,
+        "the circuit did not close"
+    );
+    // Redis decides the releases (it holds neither ID).
+    assert!(ok(ask(&mut client, release("a")).await.overall_code));
+    assert!(ok(ask(&mut client, release("b")).await.overall_code));
+    redis.signal("-STOP");
+    assert!(
+        circuit(true, &mut client).await,
+        "the circuit did not open again"
+    );
+    assert!(
+        ok(ask(&mut client, take("d")).await.overall_code),
+        "slot a freed"
+    );
+    assert!(
+        ok(ask(&mut client, take("e")).await.overall_code),
+        "slot b freed"
+    );
+    redis.signal("-CONT");
+}
