@@ -32,6 +32,15 @@ pub(crate) struct BytesPair {
 /// replacement character, which is what a reader would show there anyway).
 pub(crate) const MARKER: char = '\u{FFFD}';
 
+/// Whether `text` begins with [`MARKER`] (compared as bytes: `starts_with`
+/// of a char encodes it at every call, and every request's texts are
+/// asked).
+#[inline]
+pub(crate) fn is_marked(text: &str) -> bool {
+    const BYTES: &[u8] = "\u{FFFD}".as_bytes();
+    text.as_bytes().starts_with(BYTES)
+}
+
 /// `bytes` as text, losslessly (see the module's doc). Valid UTF-8 not
 /// beginning with the marker is taken without a copy.
 pub(crate) fn from_wire(bytes: Vec<u8>) -> String {
@@ -50,6 +59,18 @@ pub(crate) fn of_rule(value: &str) -> std::borrow::Cow<'_, str> {
     } else {
         std::borrow::Cow::Borrowed(value)
     }
+}
+
+/// How many bytes [`from_wire`] made `text` from, when that is more than
+/// `max` (`None`: at most `max`). A text is never shorter than its bytes
+/// (the marker and the escapes only add), so a text of at most `max` bytes
+/// is answered without reading it: every request's texts are checked.
+#[inline]
+pub(crate) fn wire_len_over(text: &str, max: usize) -> Option<usize> {
+    if text.len() <= max {
+        return None;
+    }
+    Some(to_wire(text).len()).filter(|&n| n > max)
 }
 
 /// The bytes [`from_wire`] made `text` from: `text` itself, unless it
@@ -156,6 +177,30 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_bound_counts_the_bytes_a_text_was_made_from() {
+        assert_eq!(wire_len_over("abcd", 4), None);
+        assert_eq!(wire_len_over("abcde", 4), Some(5));
+        // Four bytes of 0xff: a text of 3 + 16 bytes, within a bound of 4.
+        let text = from_wire(vec![0xff; 4]);
+        assert_eq!(text.len(), 19);
+        assert_eq!(wire_len_over(&text, 4), None);
+        assert_eq!(wire_len_over(&text, 3), Some(4));
+        assert_eq!(wire_len_over(&from_wire(vec![0xff; 5]), 4), Some(5));
+    }
+
+    proptest! {
+        /// A text is never shorter than the bytes it was made from, so the
+        /// bound's shortcut (a text within it is) never misses one.
+        #[test]
+        fn a_text_is_never_shorter_than_its_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in 0usize..80) {
+            let text = from_wire(bytes.clone());
+            prop_assert!(text.len() >= bytes.len());
+            let over = (bytes.len() > max).then_some(bytes.len());
+            prop_assert_eq!(wire_len_over(&text, max), over);
+        }
+    }
 
     #[test]
     fn utf8_is_kept_and_other_bytes_are_escaped_after_the_marker() {

@@ -256,7 +256,10 @@ async fn json(
     let proto = match body::proto(&body) {
         // Read as gRPC reads the same text (`/counters` takes the escaped
         // form `/limited` shows, and does not).
-        Ok(proto) => crate::rls::as_sent(proto),
+        Ok(mut proto) => {
+            crate::rls::as_sent(&mut proto);
+            proto
+        }
         Err(refused) => return refused.into_response(),
     };
     let request = match body::domain(&proto) {

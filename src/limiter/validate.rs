@@ -48,11 +48,10 @@ pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<
     // once made text (`\xff` for each such byte), and a bound on the text
     // would let a 16 KiB header refuse the whole request (which Envoy lets
     // through, every limit of it skipped).
-    let wire_len = |text: &str| crate::wire_text::to_wire(text).len();
-    if wire_len(request.domain) > bounds.value_bytes {
+    let over = |text: &str| crate::wire_text::wire_len_over(text, bounds.value_bytes);
+    if let Some(len) = over(request.domain) {
         return invalid(format!(
-            "rate limit domain is {} bytes, above the bound of {} (--max-value-bytes)",
-            wire_len(request.domain),
+            "rate limit domain is {len} bytes, above the bound of {} (--max-value-bytes)",
             bounds.value_bytes
         ));
     }
@@ -82,8 +81,7 @@ pub(super) fn validate(request: &Request<'_>, bounds: &RequestBounds) -> Result<
             if k.is_empty() {
                 return invalid(format!("descriptor {i} entry {j} has an empty key"));
             }
-            let longest = wire_len(k).max(wire_len(v));
-            if longest > bounds.value_bytes {
+            if let Some(longest) = over(k).max(over(v)) {
                 return invalid(format!(
                     "descriptor {i} entry {j} has a key or value of {longest} bytes, above the bound of {} (--max-value-bytes)",
                     bounds.value_bytes

@@ -93,7 +93,7 @@ impl Quotas {
         let max = self.options.max_value_bytes;
         // Bytes as sent (a text that was not UTF-8 is up to four times
         // longer once made text): no easier to exceed with such bytes.
-        let over = |text: &str| crate::wire_text::to_wire(text).len() > max;
+        let over = |text: &str| crate::wire_text::wire_len_over(text, max).is_some();
         if id.bucket.iter().any(|(k, v)| over(k) || over(v)) {
             return None;
         }

@@ -59,7 +59,10 @@ pub(super) fn request(message: bytes::Bytes) -> Result<RateLimitRequest, prost::
     // costs about 120 instructions a call less than reading bytes and
     // making each one text. A request prost refuses is read again as bytes.
     match RateLimitRequest::decode(message.clone()) {
-        Ok(read) => Ok(as_sent(read)),
+        Ok(mut read) => {
+            as_sent(&mut read);
+            Ok(read)
+        }
         Err(_) => lossless(message),
     }
 }
@@ -69,9 +72,9 @@ pub(super) fn request(message: bytes::Bytes) -> Result<RateLimitRequest, prost::
 /// marker is escaped, the rest kept as it is. Also how `/json` reads its
 /// texts, so it cannot name the counter of a client whose bytes were not
 /// UTF-8 (gRPC cannot either).
-pub(crate) fn as_sent(mut request: RateLimitRequest) -> RateLimitRequest {
+pub(crate) fn as_sent(request: &mut RateLimitRequest) {
     let read = |text: &mut String| {
-        if text.starts_with(crate::wire_text::MARKER) {
+        if crate::wire_text::is_marked(text) {
             *text = from_wire(std::mem::take(text).into_bytes());
         }
     };
@@ -84,7 +87,6 @@ pub(crate) fn as_sent(mut request: RateLimitRequest) -> RateLimitRequest {
         read(&mut entry.key);
         read(&mut entry.value);
     }
-    request
 }
 
 /// The request in `message`, every text read as bytes and made text by
