@@ -437,8 +437,9 @@ impl Metrics {
     }
 }
 
-/// The Redis store's background work: the breaker's confirming PINGs and
-/// the cancellations of calls left without an answer.
+/// The Redis store's background work: the breaker's confirming PINGs, the
+/// cancellations of calls left without an answer and the releases owed to
+/// Redis while it was down.
 fn write_redis_events(e: &mut Exposition<'_>, redis: &crate::store::redis::RedisEvents) {
     let checks = "tollgate_store_circuit_checks_total";
     e.family(

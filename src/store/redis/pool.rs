@@ -342,6 +342,16 @@ mod tests {
         }
     }
 
+    /// A release of `id` at `at` that the open circuit kept from Redis.
+    fn release_unsent(o: &Owed, id: &str, at: Nanos) {
+        o.keep(
+            &[held(HoldOp::Release, id)],
+            at,
+            &StoreError::CircuitOpen,
+            true,
+        );
+    }
+
     fn ids(due: &[(Check, Nanos)]) -> Vec<String> {
         due.iter()
             .map(|(c, _)| String::from_utf8_lossy(&c.hold.as_ref().expect("held").id).into_owned())
@@ -392,12 +402,7 @@ mod tests {
     fn past_the_bound_a_release_is_dropped_and_counted() {
         let o = owed(2, 100);
         for id in ["a", "b", "c"] {
-            o.keep(
-                &[held(HoldOp::Release, id)],
-                SEC,
-                &StoreError::CircuitOpen,
-                true,
-            );
+            release_unsent(&o, id, SEC);
         }
         assert_eq!(o.count.load(Ordering::Relaxed), 2);
         let seen = o.events.snapshot();
@@ -406,12 +411,7 @@ mod tests {
         assert_eq!(o.events.snapshot().owed_pending, 0);
         // None kept at all with a bound of 0.
         let none = owed(0, 100);
-        none.keep(
-            &[held(HoldOp::Release, "a")],
-            SEC,
-            &StoreError::CircuitOpen,
-            true,
-        );
+        release_unsent(&none, "a", SEC);
         assert!(none.due(SEC).is_empty());
     }
 
@@ -419,12 +419,7 @@ mod tests {
     fn a_call_takes_at_most_its_share_and_what_failed_goes_back_first() {
         let o = owed(100, 2);
         for id in ["a", "b", "c"] {
-            o.keep(
-                &[held(HoldOp::Release, id)],
-                SEC,
-                &StoreError::CircuitOpen,
-                true,
-            );
+            release_unsent(&o, id, SEC);
         }
         let first = o.due(SEC);
         assert_eq!(ids(&first), ["a", "b"]);
@@ -441,12 +436,7 @@ mod tests {
         let o = owed(100, 100);
         // Kept at 10 s: a slot held at most a minute, a budget whose window
         // (this minute) ends at 60 s.
-        o.keep(
-            &[held(HoldOp::Release, "slot")],
-            10 * SEC,
-            &StoreError::CircuitOpen,
-            true,
-        );
+        release_unsent(&o, "slot", 10 * SEC);
         o.keep(
             &[held(HoldOp::Settle, "budget")],
             10 * SEC,
