@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::events::{Events, Owing};
@@ -45,6 +45,8 @@ impl Pool {
                 kept: parking_lot::Mutex::default(),
                 count: AtomicUsize::new(0),
                 sending: AtomicBool::new(false),
+                retry_at: AtomicU64::new(0),
+                retry_every: u64::try_from(options.probe_interval.as_nanos()).unwrap_or(u64::MAX),
                 max: options.max_owed,
                 per_call: options.batch.requests.max(1),
                 events: events.clone(),
@@ -160,21 +162,27 @@ impl Pool {
     }
 
     /// Sends what is owed, in the background on this thread's runtime (one
-    /// sending at a time), at `now`: in calls of at most `--redis-batch`,
-    /// in the order kept, until none is left or Redis fails again (what
-    /// failed is kept, first in line).
+    /// sending at a time, at most once per probe interval), at `now`: in
+    /// calls of at most `--redis-batch`, in the order kept, once each. What
+    /// Redis fails again is kept, first in line (a settlement only if the
+    /// failure sent nothing, as when it was kept); the pass ends early when
+    /// a whole call fails (Redis down again).
     fn pay_owed(&self, now: Nanos) {
-        if self.owed.sending.swap(true, Ordering::Acquire) {
+        if now < self.owed.retry_at.load(Ordering::Relaxed)
+            || self.owed.sending.swap(true, Ordering::Acquire)
+        {
             return;
         }
         let (owed, exact, route) = (self.owed.clone(), self.exact.clone(), self.route.clone());
         let timeout = self.timeout;
         tokio::spawn(async move {
             let _sending = Sending(&owed);
+            let mut again = Vec::new();
+            let mut failure = None;
             loop {
                 let due = owed.due(now);
                 if due.is_empty() {
-                    return;
+                    break;
                 }
                 let deadline = tokio::time::Instant::now() + timeout;
                 let sent =
@@ -188,22 +196,32 @@ impl Pool {
                         }
                     }))
                     .await;
-                let mut failed = None;
-                let mut again = Vec::new();
+                let calls = sent.len();
+                let mut failed = 0;
                 for (result, check, at) in sent {
-                    match result {
-                        Ok(_) => owed.events.owing(Owing::Sent),
-                        Err(error) => {
-                            failed.get_or_insert(error);
-                            again.push((check, at));
-                        }
+                    let Err(error) = result else {
+                        owed.events.owing(Owing::Sent);
+                        continue;
+                    };
+                    failed += 1;
+                    let settles = check.hold.as_ref().is_some_and(|h| h.op == HoldOp::Settle);
+                    if settles && !matches!(error, StoreError::CircuitOpen) {
+                        // It may have run: sent twice, it would charge twice.
+                        owed.events.owing(Owing::Dropped);
+                    } else {
+                        again.push((check, at));
                     }
+                    failure.get_or_insert(error);
                 }
-                if let Some(error) = failed {
-                    route.settle::<()>(&Err(error));
-                    owed.put_back(again);
-                    return;
+                if failed == calls {
+                    break;
                 }
+            }
+            if let Some(error) = failure {
+                route.settle::<()>(&Err(error));
+                owed.put_back(again);
+                owed.retry_at
+                    .store(now.saturating_add(owed.retry_every), Ordering::Relaxed);
             }
         });
     }
@@ -224,6 +242,11 @@ struct Owed {
     count: AtomicUsize,
     /// Whether a task is sending them.
     sending: AtomicBool,
+    /// After a pass Redis failed, no other before this time (the probe
+    /// interval later): a Cluster master still down would otherwise have
+    /// every decision on the others start a pass.
+    retry_at: AtomicU64,
+    retry_every: Nanos,
     /// The most kept (`--redis-max-owed-releases`); past it the newest are
     /// not kept (counted as dropped).
     max: usize,
@@ -336,6 +359,8 @@ mod tests {
             kept: parking_lot::Mutex::default(),
             count: AtomicUsize::new(0),
             sending: AtomicBool::new(false),
+            retry_at: AtomicU64::new(0),
+            retry_every: SEC / 4,
             max,
             per_call,
             events: Arc::default(),
