@@ -26,6 +26,8 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 const HEADERS: u8 = 0x1;
 const DATA: u8 = 0x0;
 const RST_STREAM: u8 = 0x3;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
@@ -230,12 +232,13 @@ fn protocol_refusals_are_counted_and_logged_at_warn_once_per_interval() {
     assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 25);
 }
 
-/// The two refusals that come from elsewhere in h2 than a malformed
-/// message: a header block above the 16 KiB the server accepts (431) and a
-/// frame above the largest frame size (the connection closed with
-/// FRAME_SIZE_ERROR) are counted as the others are.
+/// The refusals that come from elsewhere in h2 than a malformed message:
+/// a header block above the 16 KiB the server accepts (431), a frame above
+/// the largest frame size (the connection closed with FRAME_SIZE_ERROR)
+/// and a CONTINUATION flood (ENHANCE_YOUR_CALM) are counted as the others
+/// are.
 #[test]
-fn an_oversized_header_block_and_an_oversized_frame_are_counted_too() {
+fn oversized_header_blocks_and_frames_and_floods_are_counted_too() {
     let server = Tollgate::start(RULES, &[]);
     let long = "x".repeat(16_200);
     let mut big = call_headers("tollgate");
@@ -249,36 +252,46 @@ fn an_oversized_header_block_and_an_oversized_frame_are_counted_too() {
 
     // A HEADERS frame of 20,000 bytes: above SETTINGS_MAX_FRAME_SIZE
     // (16,384, which the server leaves at its default).
-    let mut tcp = TcpStream::connect(server.addr).expect("connect");
+    let oversized = frame(HEADERS, END_HEADERS, 1, &vec![0u8; 20_000]);
+    assert_eq!(goaway(server.addr, &oversized), Some(6), "FRAME_SIZE_ERROR");
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 2);
+    // A header block spread over more CONTINUATION frames than h2 allows
+    // (a flood, whatever their size): ENHANCE_YOUR_CALM.
+    let mut flood = frame(HEADERS, 0, 1, &header_block(&call_headers("tollgate")[..1]));
+    for _ in 0..8 {
+        flood.extend(frame(CONTINUATION, 0, 1, &[]));
+    }
+    assert_eq!(goaway(server.addr, &flood), Some(11), "ENHANCE_YOUR_CALM");
+    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 3);
+}
+
+/// The error code of the GOAWAY the server sends on a connection that
+/// sends `frames` after the preface and SETTINGS (`None`: none came).
+fn goaway(addr: SocketAddr, frames: &[u8]) -> Option<u32> {
+    let mut tcp = TcpStream::connect(addr).expect("connect");
     tcp.set_read_timeout(Some(Duration::from_millis(100)))
         .expect("timeout");
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     out.extend(frame(0x4, 0, 0, &[]));
-    out.extend(frame(HEADERS, END_HEADERS, 1, &vec![0u8; 20_000]));
+    out.extend_from_slice(frames);
     tcp.write_all(&out).expect("write");
     let mut buf = Vec::new();
-    let mut goaway = None;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while goaway.is_none() && Instant::now() < deadline {
+    while Instant::now() < deadline {
         let mut chunk = [0u8; 16384];
         match tcp.read(&mut chunk) {
-            Ok(0) => break,
+            Ok(0) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(_) => continue,
         }
         while let Some(f) = next_frame(&mut buf) {
-            if f.kind == 0x7 {
-                goaway = Some(u32::from_be_bytes([
-                    f.payload[4],
-                    f.payload[5],
-                    f.payload[6],
-                    f.payload[7],
-                ]));
+            if f.kind == GOAWAY {
+                let code = f.payload.get(4..8)?;
+                return Some(u32::from_be_bytes([code[0], code[1], code[2], code[3]]));
             }
         }
     }
-    assert_eq!(goaway, Some(6), "GOAWAY with FRAME_SIZE_ERROR");
-    assert_eq!(server.metric("tollgate_grpc_protocol_errors_total"), 2);
+    None
 }
 
 #[test]

@@ -330,8 +330,10 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
             } else {
                 let cnt = partial.continuation_frames_count + 1;
                 if cnt > decoder.max_continuation_frames {
-                    tracing::debug!(
-                        "too_many_continuations, max = {}",
+                    // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
+                    tracing::warn!(
+                        target: "h2::refused",
+                        "connection error ENHANCE_YOUR_CALM -- too_many_continuations, max = {};",
                         decoder.max_continuation_frames
                     );
                     return Err(Error::library_go_away_data(

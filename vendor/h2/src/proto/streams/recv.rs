@@ -912,7 +912,9 @@ impl Recv {
             if counts.can_inc_num_remote_reset_streams() {
                 counts.inc_num_remote_reset_streams();
             } else {
+                // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
                 tracing::warn!(
+                    target: "h2::refused",
                     "recv_reset; remotely-reset pending-accept streams reached limit ({:?})",
                     counts.max_remote_reset_streams(),
                 );

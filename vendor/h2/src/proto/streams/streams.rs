@@ -169,6 +169,11 @@ where
     pub fn count_pending_refusal(&mut self) -> Result<(), Error> {
         let mut me = self.inner.lock().unwrap();
         if !me.counts.can_inc_num_local_error_resets() {
+            // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
+            tracing::warn!(
+                target: "h2::refused",
+                "connection error ENHANCE_YOUR_CALM -- too_many_internal_resets;"
+            );
             return Err(Error::library_go_away_data(
                 Reason::ENHANCE_YOUR_CALM,
                 "too_many_internal_resets",
@@ -657,7 +662,11 @@ impl Inner {
             // be used to create unbounded framing overhead on that stream.
             if res.is_ok() && !is_end_stream {
                 res = counts.record_data_frame(payload_len).map_err(|_| {
-                    tracing::debug!("too many small DATA frames");
+                    // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
+                    tracing::warn!(
+                        target: "h2::refused",
+                        "connection error ENHANCE_YOUR_CALM -- too many small DATA frames;"
+                    );
                     Error::library_go_away_data(Reason::ENHANCE_YOUR_CALM, "too_many_data_frames")
                 });
             }
@@ -1748,7 +1757,9 @@ impl Actions {
                 if counts.can_inc_num_local_error_resets() {
                     counts.inc_num_local_error_resets();
                 } else {
+                    // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
                     tracing::warn!(
+                        target: "h2::refused",
                         "locally-reset streams reached limit ({:?})",
                         counts.max_local_error_resets().unwrap(),
                     );
@@ -1811,7 +1822,9 @@ impl Actions {
                 stream.notify_recv();
                 Ok(())
             } else {
+                // Tollgate patch: a refusal, as `proto_err!` (see lib.rs).
                 tracing::warn!(
+                    target: "h2::refused",
                     "reset_on_recv_stream_err; locally-reset streams reached limit ({:?})",
                     counts.max_local_error_resets().unwrap(),
                 );
