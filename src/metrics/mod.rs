@@ -465,7 +465,7 @@ fn write_redis_events(e: &mut Exposition<'_>, redis: &crate::store::redis::Redis
     let owed = "tollgate_store_owed_releases_total";
     e.family(
         owed,
-        "Releases and settlements Redis could not take while it was down: sent once it answered, lapsed (the slot or reservation had expired by then: not sent), or dropped (--redis-max-owed-releases were kept already, or a settlement whose sending failed after it may have run: it frees nothing until max_hold_seconds or its window's end).",
+        "Releases and settlements Redis could not take while it was down: sent once it answered, lapsed (the slot or reservation had expired by then: not sent), or dropped (--redis-max-owed-bytes were kept already, or a settlement whose sending failed after it may have run: it frees nothing until max_hold_seconds or its window's end).",
         Kind::Counter,
     )
     .sample(owed, "result=\"sent\"", redis.owed_sent)

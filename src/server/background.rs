@@ -89,6 +89,23 @@ impl Background {
         });
     }
 
+    /// On a shared store, what Redis could not take while it was down
+    /// (releases) is sent within [`crate::store::redis::OWED_EVERY`] of it
+    /// answering again.
+    pub(super) fn owed_releases(&mut self, limiter: Arc<Limiter>) {
+        let Some(owed) = limiter.store().owed_releases() else {
+            return;
+        };
+        self.spawn(async move {
+            let mut tick = tokio::time::interval(crate::store::redis::OWED_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                owed.pay(limiter.clock().now()).await;
+            }
+        });
+    }
+
     /// Quota streams, every second: reloaded rules, the store's totals, and
     /// pushes of assignments that changed.
     pub(super) fn quota_ticks(&mut self, quotas: Arc<Quotas>) {

@@ -354,6 +354,7 @@ fn parts(
             tasks.publish_limited(view.clone(), limiter.clone());
         }
         tasks.reset_watch(limiter.clone());
+        tasks.owed_releases(limiter.clone());
         tasks.quota_ticks(quotas.clone());
         if let Some(statsd) = statsd {
             tasks.spawn(crate::stats::statsd::run(statsd, limiter.metrics().clone()));

@@ -292,13 +292,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_batch: u32,
 
-    /// The most releases (an in-flight cap's `release`, a budget's
-    /// `settle`) kept while Redis is down, each sent once Redis answers
-    /// again so its slot or reservation is freed then rather than at
-    /// `max_hold_seconds` or its window's end. Past it a release frees
-    /// nothing until then; 0 keeps none.
-    #[arg(long, env = "TOLLGATE_REDIS_MAX_OWED_RELEASES", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
-    pub redis_max_owed_releases: u32,
+    /// The most memory kept for releases (an in-flight cap's `release`, a
+    /// budget's `settle`) Redis could not take while it was down, each
+    /// sent once Redis answers again so its slot or reservation is freed
+    /// then rather than at `max_hold_seconds` or its window's end (an entry
+    /// is about 200 bytes with its key and ID). Past it a release frees
+    /// nothing until then; 0 keeps none; at most 1GiB.
+    #[arg(long, env = "TOLLGATE_REDIS_MAX_OWED_BYTES", default_value = "16MiB", value_parser = values::parse_owed_bytes)]
+    pub redis_max_owed_bytes: usize,
 
     /// Answer keys known to be over their limit from memory until they reset.
     #[arg(long, env = "TOLLGATE_OVER_LIMIT_CACHE", value_enum, default_value_t = OnOff::Off)]

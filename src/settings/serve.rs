@@ -98,7 +98,7 @@ impl ServeArgs {
         options.probe_timeout = self.redis_probe_timeout;
         options.over_limit_cache = self.over_limit_cache == OnOff::On;
         options.batch.requests = self.redis_batch as usize;
-        options.max_owed = self.redis_max_owed_releases as usize;
+        options.max_owed_bytes = self.redis_max_owed_bytes;
         let read = |flag: &str, path: &std::path::Path| {
             std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
         };

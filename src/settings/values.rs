@@ -156,6 +156,18 @@ pub(super) fn parse_fraction(text: &str) -> Result<f64, String> {
 
 /// A size in bytes: a whole number, or one with `KiB`, `MiB` or `GiB`; at
 /// least 1 MiB (a bound that small would hold nothing worth showing).
+/// `--redis-max-owed-bytes`: 0 (keep none), or a size from 1MiB to 1GiB.
+pub(super) fn parse_owed_bytes(text: &str) -> Result<usize, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    let bytes = parse_bytes(text)?;
+    if bytes > 1 << 30 {
+        return Err(format!("{text}: at most 1GiB"));
+    }
+    Ok(bytes)
+}
+
 pub(super) fn parse_bytes(text: &str) -> Result<usize, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
@@ -319,5 +331,20 @@ mod log_level_tests {
         let e = reference_log_level("verbose").expect_err("refused");
         assert!(e.starts_with("LOG_LEVEL=verbose"), "{e}");
         assert!(reference_log_level("off").is_err(), "logrus has no off");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owed_bytes_are_none_or_a_size_from_a_mebibyte_to_a_gibibyte() {
+        assert_eq!(parse_owed_bytes("0"), Ok(0));
+        assert_eq!(parse_owed_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_owed_bytes("1GiB"), Ok(1 << 30));
+        for bad in ["2GiB", "1KiB", "-1", "abc", "", "1e3"] {
+            assert!(parse_owed_bytes(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -136,6 +136,15 @@ impl Store {
         }
     }
 
+    /// What this instance owes a shared store (releases it could not take
+    /// while the store was down): `None` for a store that cannot be down.
+    pub fn owed_releases(&self) -> Option<redis::OwedReleases> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store) => Some(store.owed()),
+        }
+    }
+
     /// Deletes the counters `scope` names at `now` (an operator's reset:
     /// the next request starts each afresh), with everything the store
     /// remembers of them (a shared store's per-second pool, over-limit

@@ -321,9 +321,10 @@ async fn a_rule_reset_frees_the_caps_slots(server: &Served) {
 }
 
 /// Releases and settlements sent while Redis is down (hung: its data kept)
-/// are kept and sent once it answers again: the slots are free then, not
-/// after `max_hold_seconds` (an hour here), and the budget charged what the
-/// settlements said, not what was reserved.
+/// are kept and sent once it answers again, whether or not the instance
+/// gets requests: the slots are free then, not after `max_hold_seconds` (an
+/// hour here), and the budget charged what the settlements said, not what
+/// was reserved.
 #[tokio::test(flavor = "multi_thread")]
 async fn releases_sent_while_redis_is_down_free_their_slots_when_it_answers() {
     let redis = RedisServer::start();
@@ -383,27 +384,22 @@ async fn releases_sent_while_redis_is_down_free_their_slots_when_it_answers() {
     .await;
     assert!(closed, "the circuit did not close");
 
-    // Once Redis answers, the five slots are free again.
-    let mut taken = 0;
-    let freed = crate::common::eventually(Duration::from_secs(10), async || {
-        if ok(ask(&mut client, take(&format!("t{taken}")))
-            .await
-            .overall_code)
-        {
-            taken += 1;
-        }
-        taken == 5
-    })
-    .await;
-    assert!(freed, "{taken} slots freed after the outage");
-    assert!(!ok(ask(&mut client, take("full-again")).await.overall_code));
-    assert_eq!(
+    // Once Redis answers they are sent, with no request to this instance.
+    let sent = crate::common::eventually(Duration::from_secs(5), async || {
         server
             .metric("tollgate_store_owed_releases_total{result=\"sent\"}")
-            .await,
-        7
-    );
+            .await
+            == 7
+    })
+    .await;
+    assert!(sent, "the owed releases were not sent");
     assert_eq!(server.metric("tollgate_store_owed_releases").await, 0);
+    // The five slots are free again.
+    for n in 0..5 {
+        let taken = ask(&mut client, take(&format!("t{n}"))).await;
+        assert!(ok(taken.overall_code), "slot {n}");
+    }
+    assert!(!ok(ask(&mut client, take("full-again")).await.overall_code));
     // 100 less the two settlements' 5 each, not the 80 reserved.
     let left = ask(&mut client, settle("probe", 0)).await.statuses[0].limit_remaining;
     assert_eq!(left, 90);
@@ -478,4 +474,42 @@ descriptors:
         "slot b freed"
     );
     redis.signal("-CONT");
+}
+
+/// A release Redis refuses with an error no retry is sure to mend (writes
+/// refused at `maxmemory`) is kept too, and sent once Redis takes writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_refused_at_maxmemory_is_sent_once_redis_takes_writes() {
+    let redis = RedisServer::start();
+    let server = Served::on_redis(RULES, &redis.url(), &["--redis-timeout", "500ms"]);
+    let mut client = server.client().await;
+    let take = |id: &str| call(&[("user", "oom"), ("request_id", id)], None);
+    let release = |id: &str| call(&[("user", "oom"), ("release", id)], None);
+    for n in 0..5 {
+        assert!(ok(ask(&mut client, take(&format!("o{n}")))
+            .await
+            .overall_code));
+    }
+    redis.cli(&["config", "set", "maxmemory", "1"]);
+    for n in 0..3 {
+        assert!(ok(ask(&mut client, release(&format!("o{n}")))
+            .await
+            .overall_code));
+    }
+    // Nothing was freed: Redis wrote nothing.
+    assert!(!ok(ask(&mut client, take("p0")).await.overall_code));
+    redis.cli(&["config", "set", "maxmemory", "0"]);
+    let sent = crate::common::eventually(Duration::from_secs(5), async || {
+        server
+            .metric("tollgate_store_owed_releases_total{result=\"sent\"}")
+            .await
+            == 3
+    })
+    .await;
+    assert!(sent, "the releases refused at maxmemory were not sent");
+    for n in 1..4 {
+        let taken = ask(&mut client, take(&format!("p{n}"))).await;
+        assert!(ok(taken.overall_code), "slot {n}");
+    }
+    assert!(!ok(ask(&mut client, take("p4")).await.overall_code));
 }

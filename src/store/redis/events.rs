@@ -45,7 +45,8 @@ pub struct RedisEvents {
     /// Owed releases that no longer mattered when Redis answered (the slot
     /// or the reservation had lapsed), not sent.
     pub owed_lapsed: u64,
-    /// Releases not kept: `--redis-max-owed-releases` were kept already.
+    /// Releases not kept (`--redis-max-owed-bytes` were kept already), or
+    /// settlements whose sending failed after they may have run.
     pub owed_dropped: u64,
 }
 

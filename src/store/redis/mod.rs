@@ -44,6 +44,7 @@ mod migration;
 mod msgpack;
 mod options;
 mod over_limit;
+mod owed;
 mod part;
 mod per_second;
 mod pool;
@@ -65,6 +66,7 @@ pub use events::RedisEvents;
 use lease::Leases;
 pub use options::{BatchBounds, RedisOptions, RedisTarget, redact, url_prefix, userinfo_escape};
 pub use over_limit::OverLimitCache;
+pub use owed::{OWED_EVERY, OwedReleases};
 use pool::Pool;
 use quota::Quotas;
 pub use quota::{QuotaExchange, QuotaTotals};
@@ -262,6 +264,12 @@ impl RedisStore {
             .await
             .map_err(ResetError::Store)?;
         Ok(deleted)
+    }
+
+    /// What this instance owes Redis (releases it could not take), every
+    /// pool's, for the server to send in the background.
+    pub fn owed(&self) -> OwedReleases {
+        OwedReleases(self.pools().map(Pool::payer).collect())
     }
 
     /// What an instance watches to learn of other instances' resets.

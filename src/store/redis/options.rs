@@ -106,9 +106,9 @@ pub struct RedisOptions {
     /// Limits of one second on a Redis of their own (the reference's
     /// `REDIS_PERSECOND`): its options.
     pub per_second: Option<Box<RedisOptions>>,
-    /// The most releases kept while Redis is down, to be sent when it
-    /// answers again (`--redis-max-owed-releases`; 0 keeps none).
-    pub max_owed: usize,
+    /// The most bytes of releases kept while Redis is down, to be sent when
+    /// it answers again (`--redis-max-owed-bytes`; 0 keeps none).
+    pub max_owed_bytes: usize,
 }
 
 /// How much one call may carry: the script runs while Redis serves no one
@@ -145,7 +145,7 @@ impl RedisOptions {
             tls_client: None,
             batch: BatchBounds::default(),
             per_second: None,
-            max_owed: 10_000,
+            max_owed_bytes: 16 << 20,
         }
     }
 }
