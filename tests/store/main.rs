@@ -14,6 +14,7 @@ mod common;
 mod conformance;
 mod differential;
 mod held;
+mod held_outages;
 mod lanes;
 mod redis_batching;
 mod redis_cluster_faults;
