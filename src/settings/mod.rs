@@ -296,7 +296,7 @@ pub(crate) struct ServeArgs {
     /// budget's `settle`) Redis could not take while it was down, each
     /// sent once Redis answers again so its slot or reservation is freed
     /// then rather than at `max_hold_seconds` or its window's end (an entry
-    /// is about 200 bytes with its key and ID). Past it a release frees
+    /// is about 310 bytes with short keys and IDs). Past it a release frees
     /// nothing until then; 0 keeps none; at most 1GiB.
     #[arg(long, env = "TOLLGATE_REDIS_MAX_OWED_BYTES", default_value = "16MiB", value_parser = values::parse_owed_bytes)]
     pub redis_max_owed_bytes: usize,
