@@ -45,7 +45,7 @@ pub(crate) fn is_marked(text: &str) -> bool {
 /// beginning with the marker is taken without a copy.
 pub(crate) fn from_wire(bytes: Vec<u8>) -> String {
     match String::from_utf8(bytes) {
-        Ok(text) if !text.starts_with(MARKER) => text,
+        Ok(text) if !is_marked(&text) => text,
         Ok(text) => escaped(text.as_bytes()),
         Err(e) => escaped(e.as_bytes()),
     }
@@ -54,7 +54,7 @@ pub(crate) fn from_wire(bytes: Vec<u8>) -> String {
 /// A rule's value as it must be written to match what [`from_wire`] makes of
 /// the same bytes: itself, unless it begins with the marker.
 pub(crate) fn of_rule(value: &str) -> std::borrow::Cow<'_, str> {
-    if value.starts_with(MARKER) {
+    if is_marked(value) {
         std::borrow::Cow::Owned(escaped(value.as_bytes()))
     } else {
         std::borrow::Cow::Borrowed(value)

@@ -9,7 +9,7 @@ use super::{
     Plan, Planned, Request, answer, response_headers,
 };
 use crate::clock::Clock;
-use crate::store::{Check, StoreError, refused};
+use crate::store::{StoreError, refused};
 
 impl Limiter {
     /// Turns the store's outcomes (or its failure) into the decision.
@@ -39,7 +39,7 @@ impl Limiter {
             // full memory store or a Redis outage must be seen.
             crate::logging::store_failed(&err.to_string());
             self.apply_failure_modes(planned, checks);
-        } else if checks.iter().any(Check::is_after_the_fact) {
+        } else {
             self.release_locally(planned, checks);
         }
         let mut statuses = Vec::with_capacity(descriptors);

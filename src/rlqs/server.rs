@@ -27,7 +27,7 @@ use tonic::{Status, Streaming};
 
 use super::RlqsService;
 use super::outbox::Outbound;
-use crate::wire_text::{BytesPair as Pair, from_wire, to_wire};
+use crate::wire_text::{BytesPair as Pair, from_wire, is_marked, to_wire};
 
 type Reply = http::Response<tonic::body::Body>;
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -133,11 +133,6 @@ impl Encoder for Lossless {
     }
 }
 
-/// Whether `text` was made from bytes that were not UTF-8.
-fn escaped(text: &str) -> bool {
-    text.starts_with(crate::wire_text::MARKER)
-}
-
 /// Writes `response` as prost does, except that a bucket's keys and values
 /// made from bytes that were not UTF-8 are written as those bytes (Envoy
 /// finds its bucket by them).
@@ -145,7 +140,7 @@ fn encode(response: RateLimitQuotaResponse, out: &mut impl bytes::BufMut) {
     let all_text = response.bucket_action.iter().all(|a| {
         a.bucket_id
             .as_ref()
-            .is_none_or(|b| b.bucket.iter().all(|(k, v)| !escaped(k) && !escaped(v)))
+            .is_none_or(|b| b.bucket.iter().all(|(k, v)| !is_marked(k) && !is_marked(v)))
     });
     if all_text {
         // Writing to a growable buffer cannot run out of room.

@@ -60,8 +60,7 @@ impl Background {
             return;
         };
         self.spawn(async move {
-            let mut tick = tokio::time::interval(crate::limited::PUBLISH_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = ticking(crate::limited::PUBLISH_EVERY);
             loop {
                 tick.tick().await;
                 if let Err(error) = view.publish(&share, &limiter.rules()).await {
@@ -79,8 +78,7 @@ impl Background {
             return;
         };
         self.spawn(async move {
-            let mut tick = tokio::time::interval(crate::store::redis::RESET_WATCH_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = ticking(crate::store::redis::RESET_WATCH_EVERY);
             let mut seen = None;
             loop {
                 tick.tick().await;
@@ -97,8 +95,7 @@ impl Background {
             return;
         };
         self.spawn(async move {
-            let mut tick = tokio::time::interval(crate::store::redis::OWED_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = ticking(crate::store::redis::OWED_EVERY);
             loop {
                 tick.tick().await;
                 owed.pay(limiter.clock().now()).await;
@@ -110,8 +107,7 @@ impl Background {
     /// pushes of assignments that changed.
     pub(super) fn quota_ticks(&mut self, quotas: Arc<Quotas>) {
         self.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = ticking(Duration::from_secs(1));
             loop {
                 tick.tick().await;
                 quotas.tick(quotas.now()).await;
@@ -216,11 +212,18 @@ const TOKEN_POLL: Duration = Duration::from_millis(250);
 /// hold up the runtime that answers health checks and admin requests.
 async fn every(interval: Duration, work: impl Fn() + Send + Sync + 'static) {
     let work = Arc::new(work);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = ticking(interval);
     loop {
         tick.tick().await;
         let work = work.clone();
         let _ = tokio::task::spawn_blocking(move || work()).await;
     }
+}
+
+/// An interval whose late ticks wait for the work before them rather than
+/// come in a burst after it.
+fn ticking(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }

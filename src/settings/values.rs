@@ -154,8 +154,6 @@ pub(super) fn parse_fraction(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
-/// A size in bytes: a whole number, or one with `KiB`, `MiB` or `GiB`; at
-/// least 1 MiB (a bound that small would hold nothing worth showing).
 /// `--redis-max-owed-bytes`: 0 (keep none), or a size from 1MiB to 1GiB.
 pub(super) fn parse_owed_bytes(text: &str) -> Result<usize, String> {
     if text.trim() == "0" {
@@ -168,6 +166,8 @@ pub(super) fn parse_owed_bytes(text: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// A size in bytes: a whole number, or one with `KiB`, `MiB` or `GiB`; at
+/// least 1 MiB (a bound that small would hold nothing worth showing).
 pub(super) fn parse_bytes(text: &str) -> Result<usize, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),

@@ -68,13 +68,9 @@ impl std::ops::Add for RedisEvents {
     }
 }
 
-/// What became of a release owed to Redis (see pool.rs).
+/// What became of a release owed to Redis (see owed.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Owing {
-    /// Kept to be sent.
-    Kept,
-    /// Taken to be sent (or found lapsed): no longer pending.
-    Taken,
     Sent,
     Lapsed,
     Dropped,
@@ -109,19 +105,19 @@ impl Events {
         }
     }
 
-    /// A release owed to Redis changed hands.
+    /// A release owed to Redis was sent, lapsed or dropped.
     pub(super) fn owing(&self, what: Owing) {
         let counter = match what {
-            Owing::Kept => &self.owed_pending,
-            Owing::Taken => {
-                self.owed_pending.fetch_sub(1, Ordering::Relaxed);
-                return;
-            }
             Owing::Sent => &self.owed_sent,
             Owing::Lapsed => &self.owed_lapsed,
             Owing::Dropped => &self.owed_dropped,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many releases are owed now.
+    pub(super) fn owed(&self, pending: usize) {
+        self.owed_pending.store(pending as u64, Ordering::Relaxed);
     }
 
     pub(super) fn snapshot(&self) -> RedisEvents {

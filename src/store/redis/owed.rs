@@ -43,18 +43,33 @@ pub(super) struct Owed {
 
 #[derive(Default)]
 struct Kept {
-    /// The checks, the times they were decided at and their sizes, oldest
-    /// first.
-    entries: VecDeque<(Check, Nanos, usize)>,
+    /// Oldest first.
+    entries: VecDeque<Entry>,
+    /// The sum of their sizes.
     bytes: usize,
 }
 
-/// An entry's bytes: the check, its hold, its key and its ID.
+/// One owed release.
+struct Entry {
+    check: Check,
+    /// When it was decided (its keys' windows are those of this time).
+    at: Nanos,
+    /// What it holds, as [`size_of`] counts it.
+    size: usize,
+}
+
+/// An entry's bytes: the entry, its hold, its key and its ID.
 fn size_of(check: &Check) -> usize {
-    std::mem::size_of::<(Check, Nanos, usize)>()
+    std::mem::size_of::<Entry>()
         + std::mem::size_of::<HoldCheck>()
         + check.key.as_bytes().len()
         + check.hold.as_ref().map_or(0, |h| h.id.len())
+}
+
+impl Entry {
+    fn op(&self) -> Option<HoldOp> {
+        self.check.hold.as_ref().map(|h| h.op)
+    }
 }
 
 impl Owed {
@@ -100,47 +115,55 @@ impl Owed {
                 outcome: None,
                 ..check.clone()
             };
-            kept.entries.push_back((check, now, size));
-            self.events.owing(Owing::Kept);
+            kept.entries.push_back(Entry {
+                check,
+                at: now,
+                size,
+            });
         }
+        self.counted(&kept);
+    }
+
+    /// Says how many are kept, to the sender and to `/metrics`.
+    fn counted(&self, kept: &Kept) {
         self.count.store(kept.entries.len(), Ordering::Relaxed);
+        self.events.owed(kept.entries.len());
     }
 
     /// The next ones to send at `now`, at most a call's worth; those that
     /// no longer matter are dropped (counted as lapsed): a slot held past
     /// its `max_hold_seconds`, a reservation whose window has ended.
-    fn due(&self, now: Nanos) -> Vec<(Check, Nanos, usize)> {
+    fn due(&self, now: Nanos) -> Vec<Entry> {
         let mut kept = self.kept.lock();
         let mut due = Vec::new();
         while due.len() < self.per_call {
-            let Some((check, at, size)) = kept.entries.pop_front() else {
+            let Some(entry) = kept.entries.pop_front() else {
                 break;
             };
-            kept.bytes -= size;
-            self.events.owing(Owing::Taken);
-            let lapsed = match check.hold.as_ref().map(|h| h.op) {
+            kept.bytes -= entry.size;
+            let (check, at) = (&entry.check, entry.at);
+            let lapsed = match entry.op() {
                 Some(HoldOp::Settle) => check.quota.window_at(at).end * NANOS_PER_TICK <= now,
                 _ => at.saturating_add(check.quota.period) <= now,
             };
             if lapsed {
                 self.events.owing(Owing::Lapsed);
             } else {
-                due.push((check, at, size));
+                due.push(entry);
             }
         }
-        self.count.store(kept.entries.len(), Ordering::Relaxed);
+        self.counted(&kept);
         due
     }
 
     /// Keeps `again` (Redis failed them) first in line, in their order.
-    fn put_back(&self, again: Vec<(Check, Nanos, usize)>) {
+    fn put_back(&self, again: Vec<Entry>) {
         let mut kept = self.kept.lock();
         for entry in again.into_iter().rev() {
-            kept.bytes += entry.2;
+            kept.bytes += entry.size;
             kept.entries.push_front(entry);
-            self.events.owing(Owing::Kept);
         }
-        self.count.store(kept.entries.len(), Ordering::Relaxed);
+        self.counted(&kept);
     }
 }
 
@@ -184,16 +207,15 @@ impl Payer {
                 break;
             }
             let deadline = tokio::time::Instant::now() + self.timeout;
-            let sent = futures_util::future::join_all(due.into_iter().map(
-                |(mut check, at, size)| async move {
+            let sent =
+                futures_util::future::join_all(due.into_iter().map(|mut entry| async move {
                     let sent = self
                         .exact
-                        .decide(std::slice::from_mut(&mut check), at, deadline)
+                        .decide(std::slice::from_mut(&mut entry.check), entry.at, deadline)
                         .await;
-                    (sent, (check, at, size))
-                },
-            ))
-            .await;
+                    (sent, entry)
+                }))
+                .await;
             let calls = sent.len();
             let mut failed = 0;
             for (result, entry) in sent {
@@ -202,12 +224,7 @@ impl Payer {
                     continue;
                 };
                 failed += 1;
-                let settles = entry
-                    .0
-                    .hold
-                    .as_ref()
-                    .is_some_and(|h| h.op == HoldOp::Settle);
-                if settles && !matches!(error, StoreError::CircuitOpen) {
+                if entry.op() == Some(HoldOp::Settle) && !matches!(error, StoreError::CircuitOpen) {
                     // It may have run: sent twice, it would charge twice.
                     owed.events.owing(Owing::Dropped);
                 } else {
@@ -293,9 +310,9 @@ mod tests {
         );
     }
 
-    fn ids(due: &[(Check, Nanos, usize)]) -> Vec<String> {
+    fn ids(due: &[Entry]) -> Vec<String> {
         due.iter()
-            .map(|(c, _, _)| {
+            .map(|Entry { check: c, .. }| {
                 String::from_utf8_lossy(&c.hold.as_ref().expect("held").id).into_owned()
             })
             .collect()
